@@ -1,0 +1,43 @@
+# pax-autockpt: `make demo` and `make test` are all a new user needs.
+# paxml 1.4.0 pins TensorFlow 2.9 and jax 0.4.26, so everything runs on Python 3.10.
+
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PYTEST := $(PY) -m pytest
+
+# The first interpreter that really runs 3.10: python3.10 on PATH, else pyenv's (or ~/.pyenv's) newest 3.10.
+PYTHON310 ?= $(shell for p in "$$(command -v python3.10)" \
+  $$(ls -d "$$(pyenv root 2>/dev/null || echo $$HOME/.pyenv)"/versions/3.10*/bin/python3.10 2>/dev/null | sort -rV); do \
+  [ -n "$$p" ] && "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 10)' 2>/dev/null && { echo "$$p"; break; }; done)
+
+.PHONY: venv test test-fast demo bench soak clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	@if [ -z "$(PYTHON310)" ]; then \
+	  echo "error: Python 3.10 not found (paxml 1.4.0 needs it): install it (e.g. 'pyenv install 3.10' or 'apt-get install python3.10') or run 'make PYTHON310=/path/to/python3.10'" >&2; \
+	  exit 1; fi
+	test -x $(PY) || "$(PYTHON310)" -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip wheel
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+test: venv
+	$(PYTEST) -q -rs
+
+# Unit and registry tests only (no real training processes).
+test-fast: venv
+	$(PYTEST) -q -m "not e2e and not soak and not bench"
+
+demo: venv
+	$(VENV)/bin/pax-autockpt demo
+
+bench: venv
+	$(PYTEST) -q -s -m bench -p no:randomly tests
+
+soak: venv
+	$(PYTEST) -q -s -m soak tests
+
+clean:
+	rm -rf $(VENV) *.egg-info demo_run

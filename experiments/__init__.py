@@ -1,0 +1,1 @@
+"""Registered Pax experiments for pax-autockpt (``--exp=experiments.<module>.<Class>``)."""

@@ -1,0 +1,123 @@
+"""Wraps Pax's training checkpointer: saves at the agreed preemption step, tracks commits, exits."""
+
+import sys
+import threading
+import time
+from typing import Any
+
+from absl import logging
+from etils import epath
+
+from pax_autockpt import events as events_lib
+from pax_autockpt import preemption
+from pax_autockpt import settings as settings_lib
+
+
+def step_dir(checkpoint_dir: epath.Path, step: int) -> epath.Path:
+  """Pax's own layout: checkpoint_%08d (orbax writes a tmp dir and renames it on commit)."""
+  return checkpoint_dir / f'checkpoint_{step:08d}'
+
+
+class AutockptCheckpointer:
+  """Pax's `TrainingCheckpointer` interface around the one paxml built for this run.
+
+  The paxml loop calls `save_if_needed(step)` once per iteration, before the step runs. Here that
+  call asks the preemption watcher first (every host, every iteration), saves on preemption at the
+  agreed step even off the save interval, waits until the save is committed, writes the event log
+  and exits with the configured code. Pax's own interval saves are kept and logged.
+  """
+
+  def __init__(self, inner: Any, *, settings: settings_lib.Settings, events: events_lib.EventLog,
+               exit_after_ondemand_checkpoint: bool):
+    self._inner = inner
+    self._settings = settings
+    self._events = events
+    self._exit_after_ondemand = exit_after_ondemand_checkpoint
+    self._pax_manager = inner.checkpoint_manager  # paxml's OrbaxCheckpointManager
+    self._orbax_manager = self._pax_manager._manager  # pylint: disable=protected-access
+    self._preemption = preemption.PreemptionWatcher()
+    # orbax's save()/should_save() ask reached_preemption(step) on their own; routed to the decision
+    # already taken so that XLA's sync counter is only ever fed by the watcher.
+    self._orbax_manager.reached_preemption = self._preemption.is_agreed
+    self._watchers: list[threading.Thread] = []
+    self.last_step: int | None = inner.step_to_restore
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(self._inner, name)
+
+  @property
+  def checkpoint_dir(self) -> epath.Path:
+    return epath.Path(self._pax_manager.directory)
+
+  def reached_preemption(self, step: int) -> bool:
+    return self._preemption.is_agreed(step)
+
+  def save_if_needed(self, step_i, partitioned_train_state, train_state_unpadded_shape_dtype_struct=None,
+                     train_state_pspecs=None, train_input_pipeline=None):
+    self.last_step = step_i
+    state = dict(partitioned_train_state=partitioned_train_state,
+                 train_state_unpadded_shape_dtype_struct=train_state_unpadded_shape_dtype_struct,
+                 train_state_pspecs=train_state_pspecs, train_input_pipeline=train_input_pipeline)
+    if self._preemption.check(step_i):
+      self._on_preemption(step_i, state)
+    elif self._pax_manager.should_save(step_i):
+      self._save(step_i, 'interval', state)
+
+  def save_final(self, step_i, **state):
+    self.last_step = step_i
+    if self._latest_step() is None or self._latest_step() < step_i:
+      self._save(step_i, 'final', state)
+
+  def wait_until_finished(self):
+    self._inner.wait_until_finished()
+    for t in self._watchers:
+      t.join()
+
+  def _latest_step(self) -> int | None:
+    return self._pax_manager.latest_step()
+
+  def _save(self, step: int, reason: str, state: dict[str, Any]) -> None:
+    """Starts a save now (Pax's forced save); the loop is blocked only until it is under way."""
+    start = time.time()
+    self._inner.save_final(step, **state)
+    blocking = time.time() - start
+    self._events.write('save_started', t=start, step=step, reason=reason, blocking_s=round(blocking, 6))
+    logging.info('[autockpt] %s save of step %d started (loop blocked %.3f s).', reason, step, blocking)
+    self._watch_commit(step, start)
+    self._pax_manager.check_for_errors()
+
+  def _watch_commit(self, step: int, start: float) -> None:
+    """Logs save_committed once orbax's finalize thread (the async commit) has finished."""
+    finalize = getattr(self._orbax_manager, '_finalize_thread', None)
+
+    def watch():
+      if finalize is not None:
+        finalize.join()
+      if step_dir(self.checkpoint_dir, step).exists():
+        self._events.write('save_committed', step=step, duration_s=round(time.time() - start, 6))
+      else:
+        logging.error('[autockpt] save of step %d did not commit: %s is missing.', step,
+                      step_dir(self.checkpoint_dir, step))
+
+    watcher = threading.Thread(target=watch, name=f'autockpt-commit-{step}', daemon=True)
+    watcher.start()
+    self._watchers = [t for t in self._watchers if t.is_alive()] + [watcher]
+
+  def _on_preemption(self, step: int, state: dict[str, Any]) -> None:
+    self._events.write('preemption', step=step, signal=self._preemption.signal_name)
+    logging.info('[autockpt] Preemption: every host agreed on step %d.', step)
+    if self._latest_step() is not None and self._latest_step() >= step:
+      logging.info('[autockpt] Step %d is already committed; nothing new to save.', step)
+    else:
+      self._save(step, 'preemption', state)
+    if not self._exit_after_ondemand:
+      return
+    self.wait_until_finished()
+    if not step_dir(self.checkpoint_dir, step).exists():
+      logging.error('[autockpt] On-demand checkpoint of step %d failed to commit; exiting 1.', step)
+      self._events.write('exit', code=1, step=step)
+      sys.exit(1)
+    code = self._settings.exit_code
+    self._events.write('exit', code=code, step=step)
+    logging.info('[autockpt] On-demand checkpoint of step %d committed; exiting %d.', step, code)
+    sys.exit(code)

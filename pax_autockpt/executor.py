@@ -1,0 +1,38 @@
+"""The program hook: Pax's default executor with its checkpointer wrapped by AutockptCheckpointer."""
+
+import os
+
+from absl import logging
+import jax
+from paxml import executors
+
+from pax_autockpt import checkpointer as checkpointer_lib
+from pax_autockpt import events as events_lib
+from pax_autockpt import settings as settings_lib
+
+
+class AutockptExecutor(executors.DefaultExecutor):
+  """Runs Pax's own training loop; preemption, saves and exits go through the wrapped checkpointer."""
+
+  def __init__(self, settings: settings_lib.Settings):
+    super().__init__()
+    self._settings = settings
+    self._events: events_lib.EventLog | None = None
+
+  def setup(self, jax_task, job_log_dir, checkpointer, *args, exit_after_ondemand_checkpoint=False,
+            **kwargs):
+    self._events = events_lib.EventLog(job_log_dir, jax.process_index())
+    # Wrapped before the restore, so that a SIGTERM during the restore is already watched for.
+    wrapped = checkpointer_lib.AutockptCheckpointer(
+        checkpointer, settings=self._settings, events=self._events,
+        exit_after_ondemand_checkpoint=exit_after_ondemand_checkpoint)
+    self._events.write('start', num_hosts=jax.process_count(), pid=os.getpid(),
+                       restored_step=checkpointer.step_to_restore)
+    logging.info('[autockpt] host %d/%d, restoring step %s, settings %s', jax.process_index(),
+                 jax.process_count(), checkpointer.step_to_restore, self._settings)
+    super().setup(jax_task, job_log_dir, wrapped, *args,
+                  exit_after_ondemand_checkpoint=exit_after_ondemand_checkpoint, **kwargs)
+
+  def start(self):
+    super().start()
+    self._events.write('exit', code=0, step=self._checkpointer.last_step)
