@@ -26,8 +26,9 @@ class PreemptionWatcher:
     if self._sync is None:
       if not signals.is_installed():
         signals.install()
-    elif signals.received() and not signals.is_installed():
-      # SIGTERM came before jax.distributed took over the signal: hand it to XLA's notifier.
+    elif signals.received():
+      # SIGTERM came before jax.distributed.initialize replaced our handler with XLA's notifier
+      # (at the C level: Python's signal.getsignal still reports ours). Hand it over.
       logging.info('[autockpt] Passing an early %s to XLA\'s preemption notifier.',
                    signals.name(signals.received()[0]))
       signals.redeliver()

@@ -286,7 +286,7 @@ def _read_lines(data: bytes) -> tuple[list[dict[str, Any]], int]:
 def _fmt_s(seconds: float | None) -> str:
   if seconds is None:
     return 'n/a'
-  if abs(seconds) < 120:
+  if abs(seconds) < 60:
     return f'{seconds:.2g} s' if abs(seconds) < 1 else f'{seconds:.1f} s'
   if abs(seconds) < 7200:
     return f'{seconds / 60:.1f} min'
@@ -627,8 +627,7 @@ def _stats_line(label: str, stats: dict[str, Stats]) -> str:
   parts = []
   for key, s in stats.items():
     if s.n:
-      parts.append(f'{key} {_fmt_num(s.mean)}/{_fmt_num(s.p50)}/{_fmt_num(s.p90)}/'
-                   f'{_fmt_num(s.max)}')
+      parts.append(f'{key} {s.mean:.2f}/{s.p50:.2f}/{s.p90:.2f}/{s.max:.2f}')
   return f'{label} mean/p50/p90/max: ' + ('; '.join(parts) if parts else 'n/a')
 
 
@@ -647,9 +646,10 @@ def format_text(report: Report, mtbf_hours: float | None = None) -> str:
   lines.append(_stats_line('save blocking s', r.blocking_s))
   lines.append(_stats_line('save duration s', r.duration_s))
   if r.interval_steps.n:
-    lines.append(f'interval P50/P90: {_fmt_num(r.interval_steps.p50, 0)}/'
-                 f'{_fmt_num(r.interval_steps.p90, 0)} steps, {_fmt_num(r.interval_s.p50, 1)}/'
-                 f'{_fmt_num(r.interval_s.p90, 1)} s')
+    secs = ('n/a' if r.interval_s.p50 is None
+            else f'{r.interval_s.p50:.1f}/{r.interval_s.p90:.1f} s')
+    lines.append(f'interval P50/P90: {r.interval_steps.p50:.0f}/{r.interval_steps.p90:.0f} steps, '
+                 f'{secs}')
   else:
     lines.append('interval P50/P90: n/a (fewer than two committed saves)')
   if r.preemptions:

@@ -19,11 +19,12 @@ def _record(signum, frame):
 
 
 def install() -> None:
-  """From now on a SIGTERM is recorded, not fatal (main thread only)."""
+  """From now on a SIGTERM is recorded, not fatal (main thread only; until XLA installs its own)."""
   signal.signal(signal.SIGTERM, _record)
 
 
 def is_installed() -> bool:
+  """Whether Python's table has our handler (blind to XLA's C-level notifier)."""
   return signal.getsignal(signal.SIGTERM) is _record
 
 

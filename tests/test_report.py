@@ -1,0 +1,373 @@
+"""Tests of `pax_autockpt.report` on synthetic job directories (no training, no JAX)."""
+
+import io
+import json
+import math
+
+import pytest
+
+from pax_autockpt import report
+
+T0 = 1_700_000_000.0
+PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
+
+
+class Job:
+  """Builds JOB_LOG_DIR/autockpt/events.host<IDX>.jsonl and JOB_LOG_DIR/checkpoints/."""
+
+  def __init__(self, root):
+    self.root = root
+    self.lines: dict[int, list[str]] = {}
+
+  def ev(self, host, t, event, **fields):
+    self.lines.setdefault(host, []).append(
+        json.dumps({'t': T0 + t, 'host': host, 'event': event, **fields}))
+
+  def raw(self, host, text):
+    self.lines.setdefault(host, []).append(text)
+
+  def start(self, host, t, restored=None, num_hosts=1):
+    self.ev(host, t, 'start', num_hosts=num_hosts, pid=1000 + host, restored_step=restored)
+
+  def save(self, host, t, step, reason='interval', blocking=0.5, duration=1.0, commit=True):
+    self.ev(host, t, 'save_started', step=step, reason=reason, blocking_s=blocking)
+    if commit:
+      self.ev(host, t + duration, 'save_committed', step=step, duration_s=duration)
+
+  def write(self, checkpoints=(), tmp=(), torn_tail=None):
+    log = self.root / 'autockpt'
+    log.mkdir(parents=True, exist_ok=True)
+    for host, lines in self.lines.items():
+      text = ''.join(line + '\n' for line in lines)
+      if torn_tail is not None:
+        text += torn_tail  # a killed writer: no newline
+      (log / f'events.host{host}.jsonl').write_text(text)
+    ckpt = self.root / 'checkpoints'
+    ckpt.mkdir(exist_ok=True)
+    for step in checkpoints:
+      (ckpt / f'checkpoint_{step:08d}').mkdir()
+    for step in tmp:
+      (ckpt / f'checkpoint_{step:08d}.orbax-checkpoint-tmp-1700000000').mkdir()
+    return str(self.root)
+
+
+def single_run(tmp_path, **write_kwargs):
+  """(a) One host, one run: interval saves every 100 steps, start intervals 10, 10, 10, 12, 20 s."""
+  job = Job(tmp_path)
+  job.start(0, 0.0)
+  for step, t in zip(range(100, 600, 100), (10.0, 20.0, 30.0, 40.0, 52.0)):
+    job.save(0, t, step)
+  job.save(0, 72.0, 600, reason='final')
+  job.ev(0, 74.0, 'exit', code=0, step=600)
+  return job.write(**write_kwargs)
+
+
+def preempted_then_restarted(tmp_path, hosts=(0,)):
+  """(b) Preemption at 1234, exit 143 0.5 s later; a restart restores 1234 and finishes at 1500."""
+  job = Job(tmp_path)
+  for h in hosts:
+    off = 0.01 * h  # other hosts log slightly later
+    job.start(h, 0.0 + off, num_hosts=len(hosts))
+    for i, step in enumerate(range(100, 1300, 100)):
+      job.save(h, 10.0 * (i + 1) + off, step)
+    job.ev(h, 123.4 + off, 'preemption', step=1234, signal='SIGTERM')
+    job.save(h, 123.4 + off, 1234, reason='preemption', blocking=0.3, duration=0.4)
+    job.ev(h, 123.9 + off, 'exit', code=143, step=1234)
+    # Restart: 16.1 s of downtime; 2 s of startup, then 66 steps at 0.1 s/step before the first save.
+    job.start(h, 140.0 + off, restored=1234, num_hosts=len(hosts))
+    job.save(h, 148.6 + off, 1300)
+    job.save(h, 158.6 + off, 1400)
+    job.ev(h, 158.8 + off, 'deleted', step=100, policy='keep_latest')
+    job.save(h, 168.6 + off, 1500, reason='final')
+    job.ev(h, 170.0 + off, 'exit', code=0, step=1500)
+  return job.write(checkpoints=(1300, 1400, 1500))
+
+
+def test_single_run_interval_percentiles(tmp_path):
+  r = report.load(single_run(tmp_path, checkpoints=(500, 600), tmp=(700,)))
+  assert r.hosts == [0]
+  assert r.starts_per_host == {0: 1}
+  assert r.restarts == 0
+  assert r.restored_steps == [None]
+  assert r.saves_started == 6 and r.saves_committed == 6
+  assert r.saves_by_reason == {'final': 1, 'interval': 5}
+  assert r.steps_saved == [100, 200, 300, 400, 500, 600]
+  assert r.interval_steps.p50 == 100 and r.interval_steps.p90 == 100
+  # Intervals 10, 10, 10, 12, 20 s: P50 = 10; P90 = 12 + 0.6 * (20 - 12) (linear interpolation).
+  assert r.interval_s.p50 == pytest.approx(10.0)
+  assert r.interval_s.p90 == pytest.approx(16.8)
+  assert r.interval_s.max == pytest.approx(20.0)
+  assert r.blocking_s['all'].mean == pytest.approx(0.5)
+  assert r.duration_s['interval'].p90 == pytest.approx(1.0)
+  assert r.exit_codes == {0: 1}
+  assert r.preemptions == []
+  assert r.steps_lost_total == 0 and not r.steps_lost_lower_bound
+  assert r.checkpoints_complete == [500, 600]
+  assert r.checkpoints_incomplete == 1
+  assert r.newest_checkpoint == 600
+  assert r.unparsable_lines == 0
+  text = report.format_text(r)
+  assert 'saves: 6 (final 1, interval 5), committed 6' in text
+  assert 'interval P50/P90: 100/100 steps, 10.0/16.8 s' in text
+  assert 'checkpoints: 2 complete, newest 600, 1 incomplete' in text
+
+
+def test_preempted_run_and_restart(tmp_path):
+  r = report.load(preempted_then_restarted(tmp_path))
+  assert r.starts_per_host == {0: 2}
+  assert r.restarts == 1
+  assert r.restored_steps == [None, 1234]
+  assert len(r.preemptions) == 1
+  p = r.preemptions[0]
+  assert (p.step, p.signal, p.exit_codes) == (1234, 'SIGTERM', [143])
+  assert p.exit_after_s == pytest.approx(0.5)
+  assert r.exit_codes == {0: 1, 143: 1}
+  assert r.saves_by_reason == {'final': 1, 'interval': 14, 'preemption': 1}
+  (restart,) = r.restart_details
+  assert (restart.reached_step, restart.restored_step, restart.steps_lost) == (1234, 1234, 0)
+  assert not restart.lower_bound
+  assert r.steps_lost_total == 0 and r.steps_lost_max == 0
+  # R = downtime (140 - 123.9) + startup (148.6 - 140 - 66 steps * 0.1 s/step).
+  assert r.seconds_per_step == pytest.approx(0.1)
+  assert restart.downtime_s == pytest.approx(16.1)
+  assert restart.startup_s == pytest.approx(2.0)
+  assert r.restart_cost_s == pytest.approx(18.1)
+  assert r.deletions == 1 and r.deletions_by_policy == {'keep_latest': 1}
+  # delta excludes the preemption save.
+  assert r.save_cost_s == pytest.approx(0.5)
+  text = report.format_text(r)
+  assert 'preemptions: 1 at step 1234 (SIGTERM -> exit 0.50 s)' in text
+  assert 'steps lost: 0 total, max 0' in text
+  assert 'restarts: 1 (restored steps: none, 1234)' in text
+
+
+def test_sigkilled_run_is_a_lower_bound(tmp_path):
+  job = Job(tmp_path)
+  job.start(0, 0.0)
+  job.save(0, 10.0, 100)
+  job.save(0, 20.0, 200)
+  job.save(0, 25.0, 250, reason='continuous', commit=False)  # then SIGKILL: no commit, no exit
+  job.start(0, 40.0, restored=200)
+  job.save(0, 50.0, 300)
+  job.ev(0, 51.5, 'exit', code=0, step=300)
+  r = report.load(job.write(checkpoints=(100, 200, 300)))
+  (restart,) = r.restart_details
+  assert (restart.reached_step, restart.restored_step) == (250, 200)
+  assert restart.steps_lost == 50 and restart.lower_bound
+  assert r.steps_lost_total == 50 and r.steps_lost_max == 50 and r.steps_lost_lower_bound
+  assert r.saves_started == 4 and r.saves_committed == 3
+  assert not r.runs[0].exited and r.runs[1].exited
+  text = report.format_text(r)
+  assert 'steps lost: >= 50 total, max >= 50 (lower bound' in text
+  assert '1 run(s) without an exit event' in text
+
+
+def test_restore_null_counts_everything_lost(tmp_path):
+  job = Job(tmp_path)
+  job.start(0, 0.0)
+  job.save(0, 10.0, 100, commit=False)
+  job.ev(0, 12.0, 'exit', code=1, step=120)
+  job.start(0, 20.0, restored=None)
+  job.ev(0, 21.0, 'restore_skipped', step=100, error='corrupt')
+  r = report.load(job.write())
+  assert r.restart_details[0].steps_lost == 120
+  assert not r.steps_lost_lower_bound
+  assert r.restore_skipped == 1 and r.restore_skipped_steps == [100]
+
+
+def test_two_hosts_count_each_save_once(tmp_path):
+  job = Job(tmp_path)
+  for h in (0, 1):
+    job.start(h, 0.1 * h, num_hosts=2)
+    for i, step in enumerate((100, 200, 300)):
+      blocking = 0.9 if (h == 1 and step == 200) else 0.5
+      job.save(h, 10.0 * (i + 1) + 0.1 * h, step, blocking=blocking, duration=1.0 + h)
+    job.ev(h, 40.0, 'exit', code=0, step=300)
+  r = report.load(job.write())
+  assert r.hosts == [0, 1] and r.num_hosts == 2
+  assert r.starts_per_host == {0: 1, 1: 1}
+  assert r.saves_started == 3 and r.saves_committed == 3
+  assert r.saves_by_reason == {'interval': 3}
+  by_step = {s.step: s for s in r.saves}
+  assert by_step[200].blocking_s == pytest.approx(0.9)  # max over hosts
+  assert by_step[200].duration_s == pytest.approx(2.0)
+  assert by_step[200].t == pytest.approx(T0 + 20.0)  # host 0's timestamp
+  assert by_step[200].hosts == [0, 1]
+  assert r.interval_s.p50 == pytest.approx(10.0)
+  assert r.exit_codes == {0: 2}
+
+
+def test_two_hosts_preempted_and_restarted(tmp_path):
+  r = report.load(preempted_then_restarted(tmp_path, hosts=(0, 1)))
+  assert r.restarts == 1 and r.starts_per_host == {0: 2, 1: 2}
+  assert len(r.preemptions) == 1 and r.preemptions[0].hosts == [0, 1]
+  assert r.preemptions[0].exit_after_s == pytest.approx(0.5)
+  assert r.saves_started == 16
+  assert r.deletions == 1
+  assert r.steps_lost_total == 0
+
+
+def test_truncated_last_line_is_skipped_and_counted(tmp_path):
+  d = single_run(tmp_path, torn_tail='{"t": 1700000075.0, "host": 0, "event": "sa')
+  r = report.load(d)
+  assert r.unparsable_lines == 1
+  assert r.saves_started == 6
+  assert 'unparsable lines: 1' in report.format_text(r)
+
+
+def test_torn_line_followed_by_the_next_start_is_salvaged(tmp_path):
+  job = Job(tmp_path)
+  job.start(0, 0.0)
+  job.save(0, 10.0, 100)
+  torn = '{"t": %r, "host": 0, "event": "save_sta' % (T0 + 19.0)
+  nxt = json.dumps({'t': T0 + 30.0, 'host': 0, 'event': 'start', 'num_hosts': 1, 'pid': 7,
+                    'restored_step': 100})
+  job.raw(0, torn + nxt)
+  job.raw(0, 'not json at all')
+  job.raw(0, '[1, 2, 3]')
+  job.save(0, 40.0, 200)
+  r = report.load(job.write())
+  assert r.unparsable_lines == 3
+  assert r.starts_per_host == {0: 2}
+  assert r.restored_steps == [None, 100]
+  assert r.restart_details[0].lower_bound
+
+
+def goodput_job(tmp_path, blocking=0.5):
+  job = Job(tmp_path)
+  job.start(0, 0.0)
+  for i in range(1, 6):
+    job.save(0, 10.0 * i, 100 * i, blocking=blocking)
+  job.ev(0, 55.0, 'exit', code=0, step=500)
+  return job.write()
+
+
+def test_goodput_matches_formula(tmp_path):
+  r = report.load(goodput_job(tmp_path))
+  delta, tau, rcost, m = 0.5, 10.0, 0.0, 3600.0
+  assert (r.save_cost_s, r.interval_p50_s, r.restart_cost_s) == (delta, tau, rcost)
+  g = report.goodput(r, 1.0)
+  assert g['goodput'] == pytest.approx(1 - delta / tau - (tau / 2 + rcost) / m)
+  tau_opt = math.sqrt(2 * delta * m)
+  assert g['tau_opt_s'] == pytest.approx(60.0) == pytest.approx(tau_opt)
+  assert g['goodput_opt'] == pytest.approx(1 - delta / tau_opt - (tau_opt / 2 + rcost) / m)
+  assert 'goodput @ MTBF 1 h: 94.9% (Young/Daly optimum 1.0 min -> 98.3%)' in (
+      report.format_text(r, mtbf_hours=1.0))
+
+
+def test_goodput_includes_restart_cost(tmp_path):
+  r = report.load(preempted_then_restarted(tmp_path))
+  m = 24 * 3600.0
+  g = report.goodput(r, 24)
+  delta, tau, rcost = r.save_cost_s, r.interval_p50_s, r.restart_cost_s
+  assert rcost == pytest.approx(18.1)
+  assert g['goodput'] == pytest.approx(max(0.0, 1 - delta / tau - (tau / 2 + rcost) / m))
+  assert g['goodput_opt'] == pytest.approx(
+      1 - delta / math.sqrt(2 * delta * m) - (math.sqrt(2 * delta * m) / 2 + rcost) / m)
+
+
+def test_goodput_not_computable_without_saves(tmp_path):
+  job = Job(tmp_path)
+  job.start(0, 0.0)
+  job.ev(0, 5.0, 'exit', code=0, step=10)
+  r = report.load(job.write())
+  g = report.goodput(r, 24)
+  assert g['goodput'] is None and g['tau_opt_s'] is None and 'not computable' in g['note']
+  assert 'goodput @ MTBF 24 h: not computable' in report.format_text(r, mtbf_hours=24)
+  assert 'interval P50/P90: n/a' in report.format_text(r)
+
+
+def test_json_round_trips(tmp_path):
+  d = preempted_then_restarted(tmp_path, hosts=(0, 1))
+  out = io.StringIO()
+  assert report.run(d, mtbf_hours=24, as_json=True, out=out) == 0
+  data = json.loads(out.getvalue())
+  r = report.load(d)
+  assert data == r.to_dict(mtbf_hours=24)
+  assert data['restarts'] == 1
+  assert data['starts_per_host'] == {'0': 2, '1': 2}
+  assert data['saves_started'] == r.saves_started
+  assert data['interval_s']['p50'] == pytest.approx(r.interval_s.p50)
+  assert data['preemptions'][0]['exit_after_s'] == pytest.approx(0.5)
+  assert data['goodput']['goodput'] == pytest.approx(report.goodput(r, 24)['goodput'])
+  assert data['steps_lost_total'] == 0
+
+
+def test_text_run(tmp_path):
+  out = io.StringIO()
+  assert report.run(single_run(tmp_path), out=out) == 0
+  assert 'interval P50/P90: 100/100 steps' in out.getvalue()
+  assert 'goodput: pass --mtbf_hours' in out.getvalue()
+
+
+def test_plot_multi_run_two_hosts(tmp_path):
+  d = preempted_then_restarted(tmp_path / 'job', hosts=(0, 1))
+  png = tmp_path / 'timeline.png'
+  out = io.StringIO()
+  assert report.run(d, plot_path=str(png), out=out) == 0
+  data = png.read_bytes()
+  assert data.startswith(PNG_MAGIC) and len(data) > 1000
+
+
+def test_plot_single_host_single_run(tmp_path):
+  r = report.load(single_run(tmp_path / 'job'))
+  png = tmp_path / 'one.png'
+  report.plot(r, str(png))
+  assert png.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_plot_with_killed_run_and_no_steps(tmp_path):
+  job = Job(tmp_path / 'job')
+  job.start(0, 0.0)
+  job.save(0, 3.0, 10, commit=False)
+  job.start(0, 9.0)
+  r = report.load(job.write())
+  png = tmp_path / 'k.png'
+  report.plot(r, str(png))
+  assert png.read_bytes().startswith(PNG_MAGIC)
+
+
+@pytest.mark.parametrize('make', ['missing', 'empty', 'garbage'])
+def test_no_events_returns_2_with_one_line(tmp_path, capsys, make):
+  d = tmp_path / 'job'
+  if make != 'missing':
+    (d / 'autockpt').mkdir(parents=True)
+  if make == 'garbage':
+    (d / 'autockpt' / 'events.host0.jsonl').write_text('garbage\n{"t": 1\n')
+  out = io.StringIO()
+  assert report.run(str(d), out=out) == 2
+  err = capsys.readouterr().err
+  assert len(err.strip().splitlines()) == 1 and 'no events' in err
+  assert out.getvalue() == ''
+  with pytest.raises(report.ReportError):
+    report.load(str(d))
+
+
+def test_bad_mtbf_returns_2(tmp_path, capsys):
+  assert report.run(single_run(tmp_path), mtbf_hours=-1, out=io.StringIO()) == 2
+  assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_job_data_is_never_executed(tmp_path, monkeypatch):
+  marker = tmp_path / 'X'
+  payload = f"__import__('os').system('touch {marker}')"
+  monkeypatch.chdir(tmp_path)
+  job = Job(tmp_path / 'job')
+  job.start(0, 0.0)
+  job.raw(0, payload)
+  job.ev(0, 1.0, payload, step=payload)
+  job.ev(0, 2.0, 'save_started', step=10, reason=payload, blocking_s=payload)
+  job.ev(0, 3.0, 'save_committed', step=10, duration_s=payload)
+  job.ev(0, 4.0, 'preemption', step=10, signal=payload)
+  job.ev(0, 5.0, 'deleted', step=payload, policy=payload)
+  job.ev(0, 6.0, 'exit', code=payload, step=10)
+  job.raw(0, '{"t": 7, "host": 0, "event": "start", "restored_step": %s}' % payload)
+  d = job.write()
+  out = io.StringIO()
+  assert report.run(d, mtbf_hours=1, as_json=True, out=out) == 0
+  assert report.run(d, mtbf_hours=1, plot_path=str(tmp_path / 'p.png'), out=out) == 0
+  assert not marker.exists() and not (tmp_path / 'job' / 'X').exists()
+  r = report.load(d)
+  assert r.unparsable_lines == 2
+  assert r.malformed_events == 1
+  assert r.saves_by_reason == {payload: 1}
