@@ -67,7 +67,7 @@ def resolve(*,
     return Wiring(worker_id, len(hosts), _join(hosts[0], port), 'tpu')
   if 'SLURM_PROCID' in env:
     return _slurm(env, port)
-  return Wiring(0, 1, f'127.0.0.1:{(free_port or _free_port)()}', 'local')
+  return Wiring(0, 1, f'127.0.0.1:{(free_port or free_loopback_port)()}', 'local')
 
 
 def check_mesh(wiring: Wiring, *, ici_mesh_shape: Sequence[int], dcn_mesh_shape: Sequence[int] | None,
@@ -245,7 +245,7 @@ def _first_slurm_host(name: str, nodelist: str) -> str:
 # --- values ----------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
+def free_loopback_port() -> int:
   """A port the kernel just handed out on loopback, where the local coordinator listens."""
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
     s.bind(('127.0.0.1', 0))

@@ -745,7 +745,7 @@ def plot(report: Report, path: str) -> None:
              for s in r.saves if s.reason == reason and s.committed == committed]
       if not pts:
         continue
-      ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker='o', s=28, zorder=5,
+      ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker='o', s=28, zorder=6,
                  edgecolors=colour, facecolors=colour if committed else 'none',
                  label=label(f'save: {reason}' + ('' if committed else ' (not committed)')))
   for p in r.preemptions:
@@ -755,7 +755,7 @@ def plot(report: Report, path: str) -> None:
            for run in r.runs if run.exited and run.t_exit is not None]
   if exits:
     ax.scatter([x for x, _ in exits], [y for _, y in exits], marker='X', color='black', s=80,
-               zorder=6, label=label('exit'))
+               zorder=5, label=label('exit'))
   name = os.path.basename(os.fspath(r.job_log_dir).rstrip('/')) or r.job_log_dir
   ax.set_title(f'Checkpoint timeline: {name} ({len(r.hosts)} host{"s" if multi_host else ""}, '
                f'{r.restarts} restart{"" if r.restarts == 1 else "s"})'

@@ -1,0 +1,57 @@
+"""The `pax-autockpt` command: launch, report, demo."""
+
+import argparse
+import sys
+
+from pax_autockpt import launcher
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(prog='pax-autockpt', description=__doc__)
+  sub = parser.add_subparsers(dest='command', required=True)
+
+  launch = sub.add_parser('launch', help='start N local processes as N hosts of one job')
+  launch.add_argument('--num_hosts', type=int, required=True)
+  launch.add_argument('--num_slices', type=int, default=1)
+  launch.add_argument('--port', type=int, default=None, help='coordinator port (default: a free one)')
+  launch.add_argument('--preempt_after', type=float, default=None,
+                      help='send SIGTERM after this many seconds (tests, demos)')
+  launch.add_argument('--preempt_host', type=int, default=None, help='only to this host (default: all)')
+  launch.add_argument('--peer_exit_secs', type=float, default=60.0,
+                      help='once a host failed, SIGKILL the others after this many seconds')
+  launch.add_argument('args', nargs=argparse.REMAINDER,
+                      help='-- then the pax_autockpt.main flags (--exp, --job_log_dir, ...)')
+
+  report = sub.add_parser('report', help='checkpoint timeline and figures of a job')
+  report.add_argument('job_log_dir')
+  report.add_argument('--mtbf_hours', type=float, default=None)
+  report.add_argument('--plot', default=None, metavar='FILE.png')
+  report.add_argument('--json', action='store_true')
+
+  demo = sub.add_parser('demo', help='train, SIGTERM, save, exit, resume (what `make demo` runs)')
+  demo.add_argument('--workdir', default=None)
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = _parser().parse_args(argv)
+  if args.command == 'launch':
+    rest = args.args[1:] if args.args[:1] == ['--'] else args.args
+    cfg = launcher.LaunchConfig(num_hosts=args.num_hosts, num_slices=args.num_slices, port=args.port,
+                                preempt_after=args.preempt_after, preempt_host=args.preempt_host,
+                                peer_exit_secs=args.peer_exit_secs, args=tuple(rest))
+    try:
+      return launcher.launch(cfg)
+    except launcher.LaunchError as e:
+      print(f'error: {e}', file=sys.stderr)
+      return 2
+  if args.command == 'report':
+    from pax_autockpt import report  # pylint: disable=g-import-not-at-top  (matplotlib)
+    return report.run(args.job_log_dir, mtbf_hours=args.mtbf_hours, plot_path=args.plot,
+                      as_json=args.json)
+  from pax_autockpt import demo  # pylint: disable=g-import-not-at-top
+  return demo.run(args.workdir)
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,70 @@
+"""`pax-autockpt demo`: train, SIGTERM, on-demand checkpoint, exit, restart, resume; then a summary."""
+
+import os
+import signal
+import sys
+import time
+
+from pax_autockpt import process
+
+_STEP_DONE = r'\[PAX STATUS\]: Step `\d+` completed'
+
+
+def _say(msg: str) -> None:
+  print(f'[demo] {msg}', flush=True)
+
+
+def _events(job_log_dir: str, kind: str) -> list[dict]:
+  return [e for e in process.read_events(job_log_dir) if e['event'] == kind]
+
+
+def run(workdir: str | None = None, *, train_secs: float = 3.0) -> int:
+  """Returns 0 when the resumed run restored the on-demand step and finished."""
+  workdir = os.path.abspath(workdir or os.path.join('demo_run', time.strftime('%Y%m%d-%H%M%S')))
+  job_log_dir = os.path.join(workdir, 'job')
+  os.makedirs(workdir, exist_ok=True)
+  argv = process.ours_argv(process.TINY_EXP, job_log_dir)
+  _say(f'job dir {job_log_dir}; logs in {workdir}/run*.log')
+  _say('run 1: ' + ' '.join(argv[1:]))
+
+  first = process.Job(argv, os.path.join(workdir, 'run1.log'))
+  try:
+    first.wait_for_log(_STEP_DONE)
+    _say(f'training after {time.time() - first.started:.1f} s of start-up; SIGTERM in {train_secs:.0f} s')
+    time.sleep(train_secs)
+    sent = first.send(signal.SIGTERM)
+    code1 = first.wait(300)
+  finally:
+    first.kill()
+  exit_secs = time.time() - sent
+  preemption = _events(job_log_dir, 'preemption')
+  on_demand = preemption[-1]['step'] if preemption else None
+  _say(f'run 1 got SIGTERM {sent - first.started:.1f} s after start; agreed step {on_demand}; '
+       f'exit code {code1} after {exit_secs:.2f} s')
+
+  _say('run 2: the same command again')
+  second = process.Job(argv, os.path.join(workdir, 'run2.log'))
+  try:
+    code2 = second.wait(600)
+  finally:
+    second.kill()
+  resumed = _events(job_log_dir, 'start')[-1]['restored_step']
+  final = _events(job_log_dir, 'exit')[-1]['step']
+
+  print()
+  print('pax-autockpt demo summary')
+  print(f'  steps trained before SIGTERM : {on_demand}')
+  print(f'  SIGTERM sent at              : {sent - first.started:.1f} s after start')
+  print(f'  on-demand checkpoint step    : {on_demand} (save interval 500, so off-interval)')
+  print(f'  run 1 exit code              : {code1} (143 = committed on-demand checkpoint)')
+  print(f'  SIGTERM -> exit              : {exit_secs:.2f} s (grace period on Cloud TPU: 300 s)')
+  print(f'  run 2 resumed from step      : {resumed}')
+  print(f'  run 2 exit code              : {code2}, trained to step {final}')
+  print(f'  report                       : pax-autockpt report {job_log_dir}')
+  ok = code1 == 143 and on_demand is not None and resumed == on_demand and code2 == 0
+  print('  result                       : ' + ('resumed from the on-demand step' if ok else 'FAILED'))
+  return 0 if ok else 1
+
+
+if __name__ == '__main__':
+  sys.exit(run(sys.argv[1] if len(sys.argv) > 1 else None))
