@@ -6,15 +6,43 @@ or with stock `paxml/main.py` and the guide's flags. The autocheckpoint settings
 """
 
 import jax
+from jax import numpy as jnp
 from paxml import experiment_registry
 from paxml.tasks.lm.params import lm_cloud
+from praxis import base_input
 from praxis import layers
+from praxis import pax_fiddle
+from praxis import py_utils
 
 from pax_autockpt.experiment import AutockptMixin
 
+_SMOKE = ['smoke_test_abstract_init']
+
+
+class SyntheticLmSpecsProvider(base_input.BaseInputSpecsProvider):
+  """The packed-LM batch specs of lm_cloud's synthetic data, without building the input pipeline."""
+
+  batch_size: int = 1
+  seq_len: int = 1
+
+  def get_input_specs(self):
+    shape = (self.batch_size, self.seq_len)
+    ints = jax.ShapeDtypeStruct(shape, jnp.int32)
+    floats = jax.ShapeDtypeStruct(shape, jnp.float32)
+    return py_utils.NestedMap(ids=ints, labels=ints, segment_ids=ints, segment_pos=ints,
+                              paddings=floats, weights=floats)
+
+
+class _SyntheticSpecs:
+  """Model-init specs from the synthetic data's shapes (per process, as Pax expects for pjit)."""
+
+  def get_input_specs_provider_params(self):
+    return pax_fiddle.Config(SyntheticLmSpecsProvider, seq_len=self.MAX_SEQ_LEN,
+                             batch_size=self.PERCORE_BATCH_SIZE * jax.local_device_count())
+
 
 @experiment_registry.register
-class LmCloudSpmd2BAutockpt(AutockptMixin, lm_cloud.LmCloudSpmd):
+class LmCloudSpmd2BAutockpt(AutockptMixin, _SyntheticSpecs, lm_cloud.LmCloudSpmd):
   """The guide's single-slice model: LmCloudSpmd2B on 8 chips (e.g. v4-8 / v5e-8), ICI [1, 8, 1]."""
 
   PERCORE_BATCH_SIZE = 8
@@ -33,8 +61,8 @@ class LmCloudSpmd2BMultisliceAutockpt(LmCloudSpmd2BAutockpt):
   DCN_MESH_SHAPE = [2, 1, 1]
 
 
-@experiment_registry.register
-class LmCloudSpmdTinyAutockpt(AutockptMixin, lm_cloud.LmCloudSpmd):
+@experiment_registry.register(tags=_SMOKE)
+class LmCloudSpmdTinyAutockpt(AutockptMixin, _SyntheticSpecs, lm_cloud.LmCloudSpmd):
   """CPU-sized twin of LmCloudSpmd2BAutockpt (seq 32, vocab 128, 2 layers, dim 64) on one device."""
 
   PERCORE_BATCH_SIZE = 4
@@ -55,7 +83,7 @@ class LmCloudSpmdTinyAutockpt(AutockptMixin, lm_cloud.LmCloudSpmd):
     return task_p
 
 
-@experiment_registry.register
+@experiment_registry.register(tags=_SMOKE)
 class LmCloudSpmdTinyMultisliceAutockpt(LmCloudSpmdTinyAutockpt):
   """CPU-sized multislice twin: DCN [2, 1, 1] over local hosts (2 hosts, or 4 hosts as 2 slices).
 

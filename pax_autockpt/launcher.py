@@ -20,7 +20,7 @@ from pax_autockpt import events as events_lib
 from pax_autockpt import hosts
 
 # Console tail: the plugin's own lines and failures; everything goes to the host's log file.
-_TAIL = re.compile(r'\[autockpt\]|Traceback|Error|error:|Fatal|Aborted')
+_TAIL = re.compile(r'\[autockpt\]|Traceback|[A-Z][A-Za-z]*Error\b|^error:|Fatal|Aborted')
 _FAILED = 'failed'
 
 

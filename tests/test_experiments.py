@@ -1,0 +1,93 @@
+"""Registry-based tests: every experiment is found by its --exp name and passes paxml's own checks."""
+
+import math
+
+import jax
+import numpy as np
+from paxml import experiment_imports_test_helper
+from paxml import experiment_registry
+from praxis import base_hyperparams
+from praxis import base_layer
+from praxis import py_utils
+import pytest
+
+import experiments.lm_cloud_autockpt  # registers the experiments  # pylint: disable=unused-import
+from pax_autockpt import executor as executor_lib
+from pax_autockpt.experiment import AutockptMixin
+
+PREFIX = 'experiments.lm_cloud_autockpt.'
+NAMES = ['LmCloudSpmd2BAutockpt', 'LmCloudSpmd2BMultisliceAutockpt', 'LmCloudSpmdTinyAutockpt',
+         'LmCloudSpmdTinyMultisliceAutockpt']
+
+
+class ExperimentImportsTest(experiment_imports_test_helper.ExperimentImportsTestHelper):
+  """paxml's helper: task instantiates, datasets exist, tagged ones abstract-init."""
+
+
+NUM_CREATED = ExperimentImportsTest.create_test_methods_for_all_registered_experiments(
+    experiment_registry, task_regexes=[r'^experiments\.'])
+
+
+def test_helper_covers_every_experiment_in_the_package():
+  found = [k for k in experiment_registry.get_all() if k.startswith(PREFIX)]
+  assert sorted(found) == sorted(PREFIX + n for n in NAMES)
+  assert NUM_CREATED == len(NAMES)
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_found_by_exp_name_and_hooked(name):
+  cls = experiment_registry.get(PREFIX + name)
+  assert cls is getattr(experiments.lm_cloud_autockpt, name)
+  assert issubclass(cls, AutockptMixin)
+  assert isinstance(cls().executor(), executor_lib.AutockptExecutor)
+
+
+def test_cpu_twins_are_tagged_for_abstract_init():
+  for name in NAMES:
+    tags = experiment_registry.get_registry_tags(PREFIX + name)
+    assert ('smoke_test_abstract_init' in tags) == ('Tiny' in name), name
+
+
+@pytest.mark.parametrize('name,ici,dcn', [
+    ('LmCloudSpmd2BAutockpt', [1, 8, 1], [1, 1, 1]),
+    ('LmCloudSpmd2BMultisliceAutockpt', [1, 4, 1], [2, 1, 1]),
+    ('LmCloudSpmdTinyAutockpt', [1, 1, 1], [1, 1, 1]),
+])
+def test_mesh_shapes(name, ici, dcn):
+  model = getattr(experiments.lm_cloud_autockpt, name)().task().model
+  assert list(model.ici_mesh_shape) == ici
+  assert list(model.dcn_mesh_shape) == dcn
+
+
+def test_tiny_multislice_mesh_follows_local_hosts(monkeypatch):
+  exp = experiments.lm_cloud_autockpt.LmCloudSpmdTinyMultisliceAutockpt()
+  for devices, ici in [(2, [1, 1, 1]), (4, [1, 2, 1])]:
+    monkeypatch.setattr(jax, 'device_count', lambda d=devices: d)
+    model = exp.task().model
+    assert list(model.ici_mesh_shape) == ici and list(model.dcn_mesh_shape) == [2, 1, 1]
+    assert math.prod(model.ici_mesh_shape) * math.prod(model.dcn_mesh_shape) == devices
+
+
+def test_2b_multislice_fits_two_v4_8_slices():
+  """2 slices x v4-8 (4 chips each, 1 host per slice): ICI x DCN covers all 8 devices."""
+  model = experiments.lm_cloud_autockpt.LmCloudSpmd2BMultisliceAutockpt().task().model
+  assert math.prod(model.ici_mesh_shape) == 4 and math.prod(model.dcn_mesh_shape) == 2
+
+
+def _num_params(name):
+  exp = getattr(experiments.lm_cloud_autockpt, name)()
+  model = base_hyperparams.instantiate(exp.task()).model
+  specs = base_hyperparams.instantiate(exp.get_input_specs_provider_params()).get_input_specs()
+  specs = jax.tree.map(py_utils.get_global_input_shape_dtype, specs)
+  weights = model.abstract_init_with_metadata(specs)['params']  # shapes only, nothing allocated
+  leaves = jax.tree.leaves(weights, is_leaf=lambda x: isinstance(x, base_layer.WeightHParams))
+  return sum(int(np.prod(w.shape)) * int(np.prod(w.repeat_prefix or [1])) for w in leaves)
+
+
+def test_2b_parameter_count_exact():
+  # 18 x (4 * 3072^2 attention + 2 * 3072 * 12288 FFN + biases/norms) + 32000 x 3072 embedding.
+  assert _num_params('LmCloudSpmd2BAutockpt') == 2_137_273_856
+
+
+def test_tiny_parameter_count_exact():
+  assert _num_params('LmCloudSpmdTinyAutockpt') == 107_920
