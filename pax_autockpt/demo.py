@@ -61,6 +61,9 @@ def run(workdir: str | None = None, *, train_secs: float = 3.0) -> int:
   print(f'  run 2 resumed from step      : {resumed}')
   print(f'  run 2 exit code              : {code2}, trained to step {final}')
   print(f'  report                       : pax-autockpt report {job_log_dir}')
+  print()
+  from pax_autockpt import report  # pylint: disable=g-import-not-at-top  (matplotlib)
+  print(report.format_text(report.load(job_log_dir)))
   ok = code1 == 143 and on_demand is not None and resumed == on_demand and code2 == 0
   print('  result                       : ' + ('resumed from the on-demand step' if ok else 'FAILED'))
   return 0 if ok else 1

@@ -1,0 +1,79 @@
+"""Settings: class attributes, flag precedence, and one-line errors naming the attribute or flag."""
+
+from absl import flags
+import pytest
+
+from pax_autockpt import settings as settings_lib
+from pax_autockpt.experiment import AutockptMixin
+
+
+class Exp(AutockptMixin):
+  pass
+
+
+def test_defaults():
+  assert settings_lib.resolve(Exp()) == settings_lib.Settings(exit_code=143)
+
+
+def test_subclass_attributes_are_used():
+  class Mine(Exp):
+    AUTOCKPT_EXIT_CODE = 42
+    AUTOCKPT_CONTINUOUS = True
+    AUTOCKPT_MIN_INTERVAL_SECS = 5
+    AUTOCKPT_KEEP_LATEST = 3
+  s = settings_lib.resolve(Mine())
+  assert (s.exit_code, s.continuous, s.min_interval_secs, s.keep_latest) == (42, True, 5, 3)
+
+
+@pytest.mark.parametrize('attr,value,needle', [
+    ('AUTOCKPT_EXIT_CODE', 0, '3..255'),
+    ('AUTOCKPT_EXIT_CODE', 256, '3..255'),
+    ('AUTOCKPT_EXIT_CODE', 2, '3..255'),
+    ('AUTOCKPT_EXIT_CODE', '143', '3..255'),
+    ('AUTOCKPT_CONTINUOUS', 'yes', 'True or False'),
+    ('AUTOCKPT_MIN_INTERVAL_SECS', -1, '>= 0'),
+    ('AUTOCKPT_KEEP_LATEST', 0, 'N >= 1'),
+    ('AUTOCKPT_KEEP_EVERY_SECS', 0, '> 0'),
+])
+def test_invalid_attribute_is_named(attr, value, needle):
+  bad = type('Bad', (Exp,), {attr: value})
+  with pytest.raises(settings_lib.ConfigError) as e:
+    settings_lib.resolve(bad())
+  message = str(e.value)
+  assert f'Bad.{attr}={value!r}' in message and needle in message and '\n' not in message
+
+
+@pytest.fixture
+def autockpt_flags():
+  """The --autockpt_* flags as pax_autockpt.main defines them, parsed from a command line."""
+  fv = flags.FlagValues()
+  flags.DEFINE_integer('autockpt_exit_code', None, '', flag_values=fv)
+  flags.DEFINE_integer('autockpt_keep_latest', None, '', flag_values=fv)
+  saved = flags.FLAGS
+  flags.FLAGS = fv
+  yield fv
+  flags.FLAGS = saved
+
+
+def test_flag_given_on_command_line_wins(autockpt_flags):
+  autockpt_flags(['prog', '--autockpt_exit_code=99'])
+  class Mine(Exp):
+    AUTOCKPT_EXIT_CODE = 42
+    AUTOCKPT_KEEP_LATEST = 4
+  s = settings_lib.resolve(Mine())
+  assert s.exit_code == 99 and s.keep_latest == 4  # not given: the attribute stays
+
+
+def test_bad_flag_is_named_as_flag(autockpt_flags):
+  autockpt_flags(['prog', '--autockpt_keep_latest=0'])
+  with pytest.raises(settings_lib.ConfigError, match=r'^--autockpt_keep_latest=0 is invalid'):
+    settings_lib.resolve(Exp())
+
+
+def test_executor_exits_2_with_one_line_on_bad_attribute(capsys):
+  bad = type('Bad', (Exp,), {'AUTOCKPT_EXIT_CODE': 1})
+  with pytest.raises(SystemExit) as e:
+    bad().executor()
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and 'Bad.AUTOCKPT_EXIT_CODE=1' in err[0]
