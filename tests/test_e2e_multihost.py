@@ -1,0 +1,155 @@
+"""End to end, several local hosts through `pax-autockpt launch`: real processes, real signals."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pax_autockpt import process
+from tests.conftest import assert_restorable, checkpoint_steps
+
+pytestmark = pytest.mark.e2e
+
+EXP = 'experiments.lm_cloud_autockpt.LmCloudSpmdTinyMultisliceAutockpt'
+CLI = [sys.executable, '-m', 'pax_autockpt.cli']
+
+
+def _launch(jobs, job_dir, log, num_hosts, *extra):
+  argv = [*CLI, 'launch', f'--num_hosts={num_hosts}', *extra, '--', f'--exp={EXP}',
+          f'--job_log_dir={job_dir}']
+  job = process.Job(argv, log)
+  jobs.append(job)
+  return job
+
+
+def _wait_event(job_dir, host, kind, job, timeout=240, after=0.0):
+  """The first `kind` event of `host` stamped after `after`."""
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    for e in process.read_events(job_dir, host):
+      if e['event'] == kind and e['t'] >= after:
+        return e
+    if job.proc.poll() is not None:
+      raise RuntimeError(f'launcher exited {job.proc.returncode}:\n{job.log()[-3000:]}')
+    time.sleep(0.1)
+  raise TimeoutError(f'no {kind} event from host {host}')
+
+
+def _wait_training(job_dir, host, job, timeout=400):
+  """Until `host` has completed a few steps (its log in JOB_LOG_DIR/autockpt/host<i>.log)."""
+  path = os.path.join(job_dir, 'autockpt', f'host{host}.log')
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if os.path.exists(path) and 'Step `3` completed' in open(path, errors='replace').read():
+      return
+    if job.proc.poll() is not None:
+      raise RuntimeError(f'launcher exited {job.proc.returncode}:\n{job.log()[-3000:]}')
+    time.sleep(0.2)
+  raise TimeoutError(f'host {host} did not start training')
+
+
+def _run_events(job_dir, host):
+  events = process.read_events(job_dir, host)
+  last = max(i for i, e in enumerate(events) if e['event'] == 'start')
+  return events[last:]
+
+
+def _assert_all_preempted_at_same_step(job_dir, num_hosts, restored) -> int:
+  steps = set()
+  for host in range(num_hosts):
+    run = _run_events(job_dir, host)
+    assert run[0]['restored_step'] == restored and run[0]['num_hosts'] == num_hosts
+    preemption = [e['step'] for e in run if e['event'] == 'preemption']
+    exits = [(e['code'], e['step']) for e in run if e['event'] == 'exit']
+    assert len(preemption) == 1 and exits == [(143, preemption[0])], run
+    steps.add(preemption[0])
+  assert len(steps) == 1, f'hosts disagree on the on-demand step: {steps}'
+  step = steps.pop()
+  complete, incomplete = checkpoint_steps(job_dir)
+  assert max(complete) == step and incomplete == []
+  assert_restorable(job_dir, step)
+  return step
+
+
+def test_sigterm_to_one_host_saves_the_same_step_on_all_and_relaunch_restores_it(
+    jobs, job_dir, tmp_path):
+  first = _launch(jobs, job_dir, str(tmp_path / 'launch1.log'), 2)
+  _wait_training(job_dir, 1, first)
+  pid1 = process.read_events(job_dir, 1)[0]['pid']
+  time.sleep(1.0)
+  sent = time.time()
+  os.kill(pid1, signal.SIGTERM)  # host 1 only, as a maintenance event on one VM
+  assert first.wait(120) == 143, first.log()[-3000:]
+  all_exited = time.time() - sent
+  step = _assert_all_preempted_at_same_step(job_dir, 2, restored=None)
+  assert 'host 0 exit code 143' in first.log() and 'host 1 exit code 143' in first.log()
+  print(f'SIGTERM to host 1 -> all hosts exited in {all_exited:.2f} s; agreed step {step}')
+
+  # Relaunch: every host restores that step; this time SIGTERM goes to all hosts via the launcher.
+  relaunch_t = time.time()
+  second = _launch(jobs, job_dir, str(tmp_path / 'launch2.log'), 2)
+  for host in (0, 1):
+    _wait_event(job_dir, host, 'start', second, after=relaunch_t)
+  second.wait_for_log(r'\[host 0\].*\[autockpt\] host 0/2, restoring step')
+  time.sleep(8.0)
+  second.send(signal.SIGTERM)  # the launcher forwards it to every host
+  assert second.wait(120) == 143, second.log()[-3000:]
+  assert _assert_all_preempted_at_same_step(job_dir, 2, restored=step) >= step
+
+
+def test_sigkill_of_one_host_makes_the_others_exit_nonzero_within_the_bound(jobs, job_dir, tmp_path):
+  job = _launch(jobs, job_dir, str(tmp_path / 'launch.log'), 2, '--peer_exit_secs=60')
+  _wait_training(job_dir, 1, job)
+  pid1 = process.read_events(job_dir, 1)[0]['pid']
+  killed = time.time()
+  os.kill(pid1, signal.SIGKILL)
+  code = job.wait(120)
+  took = time.time() - killed
+  assert code != 0 and code != 143, job.log()[-3000:]
+  assert 'host 1 exit code 137' in job.log()
+  host0 = [line for line in job.log().splitlines() if line.startswith('[launch] host 0 exit code')]
+  assert host0 and not host0[0].endswith(' 0') and not host0[0].endswith(' 143')
+  assert took < 65, f'peers took {took:.1f} s to go after a SIGKILL'
+  print(f'SIGKILL of host 1 -> launcher exit {code} after {took:.2f} s')
+  complete, _ = checkpoint_steps(job_dir)
+  assert 0 in complete  # the committed checkpoint survives
+
+
+def test_four_hosts_in_two_slices_preempted_and_resumed(jobs, job_dir, tmp_path):
+  first = _launch(jobs, job_dir, str(tmp_path / 'launch1.log'), 4, '--num_slices=2')
+  _wait_training(job_dir, 3, first)
+  time.sleep(1.0)
+  first.send(signal.SIGTERM)
+  assert first.wait(180) == 143, first.log()[-3000:]
+  step = _assert_all_preempted_at_same_step(job_dir, 4, restored=None)
+
+  relaunch_t = time.time()
+  second = _launch(jobs, job_dir, str(tmp_path / 'launch2.log'), 4, '--num_slices=2')
+  for host in range(4):
+    _wait_event(job_dir, host, 'start', second, timeout=400, after=relaunch_t)
+  time.sleep(10.0)
+  second.send(signal.SIGTERM)
+  assert second.wait(180) == 143, second.log()[-3000:]
+  assert _assert_all_preempted_at_same_step(job_dir, 4, restored=step) >= step
+
+
+def test_print_wiring_derives_multislice_identity():
+  env = dict(os.environ, MEGASCALE_SLICE_ID='1', MEGASCALE_NUM_SLICES='2', TPU_WORKER_ID='1',
+             TPU_WORKER_HOSTNAMES='10.0.0.2,10.0.0.3', MEGASCALE_COORDINATOR_ADDRESS='10.0.0.2')
+  out = subprocess.run([sys.executable, '-m', 'pax_autockpt.main', '--autockpt_print_wiring'],
+                       env=env, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip().splitlines()[-1] == (
+      'host_idx=3 num_hosts=4 server_addr=10.0.0.2:8476 source=tpu-multislice')
+
+
+def test_bad_wiring_exits_2_with_one_line():
+  out = subprocess.run([sys.executable, '-m', 'pax_autockpt.main', '--host_idx=2', '--num_hosts=2',
+                        '--server_addr=127.0.0.1:8476', '--autockpt_print_wiring'],
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 2
+  errors = [line for line in out.stderr.splitlines() if line.startswith('error:')]
+  assert len(errors) == 1 and '--host_idx' in errors[0]
