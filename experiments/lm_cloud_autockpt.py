@@ -61,6 +61,14 @@ class LmCloudSpmd2BMultisliceAutockpt(LmCloudSpmd2BAutockpt):
   DCN_MESH_SHAPE = [2, 1, 1]
 
 
+@experiment_registry.register
+class LmCloudSpmd2BContinuousAutockpt(LmCloudSpmd2BAutockpt):
+  """Seed 003's MaxText setting on Pax: continuous checkpointing, keep the latest 10."""
+
+  AUTOCKPT_CONTINUOUS = True
+  AUTOCKPT_KEEP_LATEST = 10
+
+
 @experiment_registry.register(tags=_SMOKE)
 class LmCloudSpmdTinyAutockpt(AutockptMixin, _SyntheticSpecs, lm_cloud.LmCloudSpmd):
   """CPU-sized twin of LmCloudSpmd2BAutockpt (seq 32, vocab 128, 2 layers, dim 64) on one device."""
@@ -95,3 +103,13 @@ class LmCloudSpmdTinyMultisliceAutockpt(LmCloudSpmdTinyAutockpt):
   @property
   def ICI_MESH_SHAPE(self):  # pylint: disable=invalid-name
     return [1, max(1, jax.device_count() // 2), 1]
+
+
+@experiment_registry.register(tags=_SMOKE)
+class LmCloudSpmdTinyContinuousAutockpt(LmCloudSpmdTinyAutockpt):
+  """CPU-sized twin of LmCloudSpmd2BContinuousAutockpt (a save per second at most, keep 3)."""
+
+  AUTOCKPT_CONTINUOUS = True
+  AUTOCKPT_MIN_INTERVAL_SECS = 1.0
+  AUTOCKPT_KEEP_LATEST = 3
+  NUM_TRAIN_STEPS = 100_000

@@ -1,5 +1,7 @@
 """Wraps Pax's training checkpointer: saves at the agreed preemption step, tracks commits, exits."""
 
+import dataclasses
+import re
 import sys
 import threading
 import time
@@ -8,14 +10,25 @@ from typing import Any
 from absl import logging
 from etils import epath
 
+from pax_autockpt import agreement
 from pax_autockpt import events as events_lib
+from pax_autockpt import policies
 from pax_autockpt import preemption
 from pax_autockpt import settings as settings_lib
 
+_COMPLETE = re.compile(r'^checkpoint_(\d{8})$')  # orbax writes a tmp name and renames on commit
+
 
 def step_dir(checkpoint_dir: epath.Path, step: int) -> epath.Path:
-  """Pax's own layout: checkpoint_%08d (orbax writes a tmp dir and renames it on commit)."""
+  """Pax's own layout: checkpoint_%08d."""
   return checkpoint_dir / f'checkpoint_{step:08d}'
+
+
+def complete_steps(checkpoint_dir: epath.Path) -> list[int]:
+  if not checkpoint_dir.exists():
+    return []
+  return sorted(int(m.group(1)) for m in (_COMPLETE.match(p.name) for p in checkpoint_dir.iterdir())
+                if m)
 
 
 class AutockptCheckpointer:
@@ -24,7 +37,8 @@ class AutockptCheckpointer:
   The paxml loop calls `save_if_needed(step)` once per iteration, before the step runs. Here that
   call asks the preemption watcher first (every host, every iteration), saves on preemption at the
   agreed step even off the save interval, waits until the save is committed, writes the event log
-  and exits with the configured code. Pax's own interval saves are kept and logged.
+  and exits with the configured code. Otherwise the save-decision policy (Pax's own interval by
+  default) decides, and after each commit the primary host applies the preservation policy.
   """
 
   def __init__(self, inner: Any, *, settings: settings_lib.Settings, events: events_lib.EventLog,
@@ -39,7 +53,20 @@ class AutockptCheckpointer:
     # orbax's save()/should_save() ask reached_preemption(step) on their own; routed to the decision
     # already taken so that XLA's sync counter is only ever fed by the watcher.
     self._orbax_manager.reached_preemption = self._preemption.is_agreed
+    self._save_policy = settings_lib.save_policy(settings)
+    self._save_reason = 'continuous' if settings.continuous else 'interval'
+    self._preservation = settings_lib.preservation_policy(settings)
+    if self._preservation is not None:
+      # Pax's max_to_keep would delete behind the policy's back (and without events).
+      opts = self._orbax_manager._options  # pylint: disable=protected-access
+      self._orbax_manager._options = dataclasses.replace(opts, max_to_keep=None)  # pylint: disable=protected-access
+    self._agree = agreement.PrimaryDecides(events.host)
+    self._lock = threading.Lock()
+    self._in_flight: int | None = None
     self._watchers: list[threading.Thread] = []
+    self._times = {e['step']: e['t'] for e in events_lib.read(events.job_log_dir, events.host)
+                   if e.get('event') == 'save_started' and isinstance(e.get('step'), int)}
+    self._history = [self._info(s) for s in complete_steps(self.checkpoint_dir)]
     self.last_step: int | None = inner.step_to_restore
 
   def __getattr__(self, name: str) -> Any:
@@ -60,8 +87,8 @@ class AutockptCheckpointer:
                  train_state_pspecs=train_state_pspecs, train_input_pipeline=train_input_pipeline)
     if self._preemption.check(step_i):
       self._on_preemption(step_i, state)
-    elif self._pax_manager.should_save(step_i):
-      self._save(step_i, 'interval', state)
+    elif self._wants_save(step_i):
+      self._save(step_i, self._save_reason, state)
 
   def save_final(self, step_i, **state):
     self.last_step = step_i
@@ -76,9 +103,38 @@ class AutockptCheckpointer:
   def _latest_step(self) -> int | None:
     return self._pax_manager.latest_step()
 
+  def _info(self, step: int) -> policies.CheckpointInfo:
+    """A checkpoint's save time from the event log, else its directory's modification time."""
+    when = self._times.get(step)
+    if when is None:
+      try:
+        when = step_dir(self.checkpoint_dir, step).stat().mtime
+      except OSError:
+        when = 0.0
+    return policies.CheckpointInfo(step, when)
+
+  def _wants_save(self, step: int) -> bool:
+    if self._save_policy is None:
+      return self._pax_manager.should_save(step)  # Pax's interval: the same on every host
+    latest = self._latest_step()
+    if latest is not None and step <= latest:
+      return False
+    context = policies.DecisionContext(now=time.time(), is_saving_in_progress=self._in_flight is not None)
+
+    def decide():
+      with self._lock:
+        previous = list(self._history)
+      return bool(self._save_policy.should_save(step, previous, context=context))
+
+    return self._agree(decide)
+
   def _save(self, step: int, reason: str, state: dict[str, Any]) -> None:
     """Starts a save now (Pax's forced save); the loop is blocked only until it is under way."""
     start = time.time()
+    with self._lock:
+      self._in_flight = step
+      self._times[step] = start
+      self._history.append(policies.CheckpointInfo(step, start))
     self._inner.save_final(step, **state)
     blocking = time.time() - start
     self._events.write('save_started', t=start, step=step, reason=reason, blocking_s=round(blocking, 6))
@@ -95,13 +151,36 @@ class AutockptCheckpointer:
         finalize.join()
       if step_dir(self.checkpoint_dir, step).exists():
         self._events.write('save_committed', step=step, duration_s=round(time.time() - start, 6))
+        if self._preservation is not None and self._events.host == 0:
+          self._preserve()
       else:
         logging.error('[autockpt] save of step %d did not commit: %s is missing.', step,
                       step_dir(self.checkpoint_dir, step))
+      with self._lock:
+        if self._in_flight == step:
+          self._in_flight = None
 
     watcher = threading.Thread(target=watch, name=f'autockpt-commit-{step}', daemon=True)
     watcher.start()
     self._watchers = [t for t in self._watchers if t.is_alive()] + [watcher]
+
+  def _preserve(self) -> None:
+    """Deletes what the preservation policy does not keep (primary host, after a commit)."""
+    infos = [self._info(s) for s in complete_steps(self.checkpoint_dir)]
+    try:
+      doomed = policies.to_delete(self._preservation, infos,
+                                  context=policies.PreservationContext(now=time.time()),
+                                  protected={self.last_step or -1})
+    except Exception as e:  # pylint: disable=broad-except
+      logging.error('[autockpt] preservation policy %r failed, nothing deleted: %s', self._preservation, e)
+      return
+    for step in doomed:
+      step_dir(self.checkpoint_dir, step).rmtree()
+      with self._lock:
+        self._history = [c for c in self._history if c.step != step]
+      self._events.write('deleted', step=step, policy=repr(self._preservation))
+    if doomed:
+      logging.info('[autockpt] preservation deleted steps %s', doomed)
 
   def _on_preemption(self, step: int, state: dict[str, Any]) -> None:
     self._events.write('preemption', step=step, signal=self._preemption.signal_name)

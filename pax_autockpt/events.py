@@ -17,11 +17,28 @@ def events_path(job_log_dir: epath.PathLike, host: int) -> epath.Path:
   return log_dir(job_log_dir) / f'events.host{host}.jsonl'
 
 
+def read(job_log_dir: epath.PathLike, host: int) -> list[dict[str, Any]]:
+  """A host's events so far; a torn last line (a killed writer) is skipped. Only json.loads."""
+  path = events_path(job_log_dir, host)
+  if not path.exists():
+    return []
+  out = []
+  for line in path.read_text().splitlines():
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError:
+      continue
+    if isinstance(record, dict):
+      out.append(record)
+  return out
+
+
 class EventLog:
   """Appends one JSON object per line; safe to call from the commit-watcher threads."""
 
   def __init__(self, job_log_dir: epath.PathLike, host: int):
     self.host = host
+    self.job_log_dir = epath.Path(job_log_dir)
     self.path = events_path(job_log_dir, host)
     self.path.parent.mkdir(parents=True, exist_ok=True)
     self._lock = threading.Lock()

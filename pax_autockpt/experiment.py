@@ -19,6 +19,8 @@ class AutockptMixin:
   AUTOCKPT_MIN_INTERVAL_SECS = 0.0  # continuous: no two saves closer than this
   AUTOCKPT_KEEP_LATEST = None  # preservation: keep the newest N checkpoints
   AUTOCKPT_KEEP_EVERY_SECS = None  # preservation: keep one checkpoint per this many seconds
+  AUTOCKPT_SAVE_POLICY = None  # a pax_autockpt.policies save-decision policy (or Fiddle config)
+  AUTOCKPT_PRESERVATION_POLICY = None  # a pax_autockpt.policies preservation policy (or Fiddle config)
 
   def autockpt_settings(self) -> settings_lib.Settings:
     return settings_lib.resolve(self)

@@ -25,6 +25,7 @@ import jax
 from paxml import main as pax_main
 
 from pax_autockpt import hosts
+from pax_autockpt import mesh
 from pax_autockpt import settings as settings_lib
 
 FLAGS = flags.FLAGS
@@ -99,6 +100,7 @@ def main(argv):
     # CPU hosts need Gloo for cross-process collectives; other platforms ignore it.
     jax.config.update('jax_cpu_enable_gloo_collectives', True)
   logging.info('[autockpt] %s', wiring.line())
+  mesh.use_process_group_slices()  # GPU multislice: slices are process groups
   pax_main.main(argv)
   return 0
 

@@ -1,7 +1,6 @@
 """Starts and watches real training processes: for the demo, the launcher, tests and benchmarks."""
 
 import importlib.util
-import json
 import os
 import re
 import signal
@@ -29,17 +28,7 @@ def stock_argv(exp: str, job_log_dir: str, *flags: str) -> list[str]:
 
 
 def read_events(job_log_dir: str, host: int = 0) -> list[dict]:
-  """The host's events so far; a torn last line (a killed writer) is skipped."""
-  path = events_lib.events_path(job_log_dir, host)
-  if not path.exists():
-    return []
-  out = []
-  for line in path.read_text().splitlines():
-    try:
-      out.append(json.loads(line))
-    except json.JSONDecodeError:
-      pass
-  return out
+  return events_lib.read(job_log_dir, host)
 
 
 class Job:

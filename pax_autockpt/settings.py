@@ -4,6 +4,9 @@ import dataclasses
 from typing import Any
 
 from absl import flags
+import fiddle as fdl
+
+from pax_autockpt import policies
 
 
 class ConfigError(ValueError):
@@ -19,27 +22,36 @@ class Settings:
   min_interval_secs: float = 0.0
   keep_latest: int | None = None
   keep_every_secs: float | None = None
+  save_policy: Any = None  # a policies.SaveDecisionPolicy (or a Fiddle config of one)
+  preservation_policy: Any = None  # a policies.PreservationPolicy (or a Fiddle config of one)
 
 
-# field -> (experiment class attribute, command-line flag)
+# field -> (experiment class attribute, command-line flag or None)
 SOURCES = {
     'exit_code': ('AUTOCKPT_EXIT_CODE', 'autockpt_exit_code'),
     'continuous': ('AUTOCKPT_CONTINUOUS', 'autockpt_continuous'),
     'min_interval_secs': ('AUTOCKPT_MIN_INTERVAL_SECS', 'autockpt_min_interval_secs'),
     'keep_latest': ('AUTOCKPT_KEEP_LATEST', 'autockpt_keep_latest'),
     'keep_every_secs': ('AUTOCKPT_KEEP_EVERY_SECS', 'autockpt_keep_every_secs'),
+    'save_policy': ('AUTOCKPT_SAVE_POLICY', None),
+    'preservation_policy': ('AUTOCKPT_PRESERVATION_POLICY', None),
 }
 
 
-def _given_flag(name: str) -> tuple[bool, Any]:
+def _given_flag(name: str | None) -> tuple[bool, Any]:
   """The flag's value if it was given on the command line (flags exist only under our main)."""
-  if name in flags.FLAGS and flags.FLAGS[name].present:
+  if name and name in flags.FLAGS and flags.FLAGS[name].present:
     return True, flags.FLAGS[name].value
   return False, None
 
 
 def resolve(experiment: Any) -> Settings:
-  """Class attributes first, then any `--autockpt_*` flag given on the command line wins."""
+  """Class attributes first, then any `--autockpt_*` flag given on the command line wins.
+
+  A flag also wins over a policy object: --autockpt_continuous / --autockpt_min_interval_secs replace
+  AUTOCKPT_SAVE_POLICY, --autockpt_keep_latest / --autockpt_keep_every_secs replace
+  AUTOCKPT_PRESERVATION_POLICY. Set as attributes together, they conflict (exit 2).
+  """
   values, origin = {}, {}
   for field, (attr, flag) in SOURCES.items():
     values[field] = getattr(experiment, attr, getattr(Settings, field))
@@ -47,9 +59,33 @@ def resolve(experiment: Any) -> Settings:
     given, value = _given_flag(flag)
     if given:
       values[field], origin[field] = value, f'--{flag}'
+  for field in ('save_policy', 'preservation_policy'):
+    if isinstance(values[field], fdl.Buildable):
+      try:
+        values[field] = fdl.build(values[field])
+      except Exception as e:  # pylint: disable=broad-except
+        raise ConfigError(f'{origin[field]} could not be built: {type(e).__name__}: {e}') from e
+  _apply_flag_precedence(values, origin)
   settings = Settings(**values)
   validate(settings, origin)
   return settings
+
+
+def _apply_flag_precedence(values: dict[str, Any], origin: dict[str, str]) -> None:
+  """Flags replace policy objects; attributes that would both apply are a conflict."""
+  groups = {'save_policy': ('continuous', 'min_interval_secs'),
+            'preservation_policy': ('keep_latest', 'keep_every_secs')}
+  for policy_field, simple in groups.items():
+    if values[policy_field] is None:
+      continue
+    flagged = [f for f in simple if origin[f].startswith('--')]
+    if flagged and any(values[f] for f in flagged):
+      values[policy_field] = None  # the command line wins
+      continue
+    clash = [f for f in simple if values[f] and not origin[f].startswith('--')]
+    if clash:
+      raise ConfigError(f'{origin[policy_field]} and {origin[clash[0]]} are both set: keep one '
+                        '(the policy object, or the simple setting)')
 
 
 def validate(s: Settings, origin: dict[str, str]) -> None:
@@ -73,3 +109,33 @@ def validate(s: Settings, origin: dict[str, str]) -> None:
     bad('keep_latest', 'use an integer N >= 1, or None to keep what Pax keeps')
   if s.keep_every_secs is not None and (not is_number(s.keep_every_secs) or s.keep_every_secs <= 0):
     bad('keep_every_secs', 'use a number of seconds > 0, or None')
+  if s.min_interval_secs and not s.continuous and s.save_policy is None:
+    bad('min_interval_secs', 'it only applies to continuous checkpointing: also set '
+        'AUTOCKPT_CONTINUOUS = True (or --autockpt_continuous)')
+  if s.save_policy is not None and not isinstance(s.save_policy, policies.SaveDecisionPolicy):
+    bad('save_policy', 'use an object with should_save(step, previous, *, context), e.g. '
+        'pax_autockpt.policies.ContinuousCheckpointingPolicy(30)')
+  if s.preservation_policy is not None and not isinstance(s.preservation_policy,
+                                                          policies.PreservationPolicy):
+    bad('preservation_policy', 'use an object with should_preserve(checkpoints, *, context), e.g. '
+        'pax_autockpt.policies.LatestN(10)')
+
+
+def save_policy(s: Settings) -> policies.SaveDecisionPolicy | None:
+  """The save-decision policy in effect; None means Pax's own save interval."""
+  if s.continuous:
+    return policies.AnySavePolicy((policies.InitialSavePolicy(),
+                                   policies.ContinuousCheckpointingPolicy(s.min_interval_secs or None)))
+  return s.save_policy
+
+
+def preservation_policy(s: Settings) -> policies.PreservationPolicy | None:
+  """The preservation policy in effect; None means Pax's own max_to_keep."""
+  parts = []
+  if s.keep_latest:
+    parts.append(policies.LatestN(s.keep_latest))
+  if s.keep_every_secs:
+    parts.append(policies.EveryNSeconds(s.keep_every_secs))
+  if len(parts) > 1:
+    return policies.AnyPreservationPolicy(tuple(parts))
+  return parts[0] if parts else s.preservation_policy

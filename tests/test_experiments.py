@@ -16,8 +16,9 @@ from pax_autockpt import executor as executor_lib
 from pax_autockpt.experiment import AutockptMixin
 
 PREFIX = 'experiments.lm_cloud_autockpt.'
-NAMES = ['LmCloudSpmd2BAutockpt', 'LmCloudSpmd2BMultisliceAutockpt', 'LmCloudSpmdTinyAutockpt',
-         'LmCloudSpmdTinyMultisliceAutockpt']
+NAMES = ['LmCloudSpmd2BAutockpt', 'LmCloudSpmd2BMultisliceAutockpt',
+         'LmCloudSpmd2BContinuousAutockpt', 'LmCloudSpmdTinyAutockpt',
+         'LmCloudSpmdTinyMultisliceAutockpt', 'LmCloudSpmdTinyContinuousAutockpt']
 
 
 class ExperimentImportsTest(experiment_imports_test_helper.ExperimentImportsTestHelper):
@@ -91,3 +92,12 @@ def test_2b_parameter_count_exact():
 
 def test_tiny_parameter_count_exact():
   assert _num_params('LmCloudSpmdTinyAutockpt') == 107_920
+
+
+@pytest.mark.parametrize('name,keep,min_interval', [
+    ('LmCloudSpmd2BContinuousAutockpt', 10, 0.0),
+    ('LmCloudSpmdTinyContinuousAutockpt', 3, 1.0),
+])
+def test_continuous_experiments_settings(name, keep, min_interval):
+  s = getattr(experiments.lm_cloud_autockpt, name)().autockpt_settings()
+  assert s.continuous and s.keep_latest == keep and s.min_interval_secs == min_interval

@@ -77,3 +77,61 @@ def test_executor_exits_2_with_one_line_on_bad_attribute(capsys):
   assert e.value.code == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and 'Bad.AUTOCKPT_EXIT_CODE=1' in err[0]
+
+
+def test_policy_objects_and_fiddle_configs_are_built():
+  import fiddle as fdl  # pylint: disable=g-import-not-at-top
+  from pax_autockpt import policies  # pylint: disable=g-import-not-at-top
+
+  class Mine(Exp):
+    AUTOCKPT_SAVE_POLICY = policies.ContinuousCheckpointingPolicy(30)
+    AUTOCKPT_PRESERVATION_POLICY = fdl.Config(policies.LatestN, n=3)
+  s = settings_lib.resolve(Mine())
+  assert settings_lib.save_policy(s) == policies.ContinuousCheckpointingPolicy(30)
+  assert settings_lib.preservation_policy(s) == policies.LatestN(3)
+
+
+def test_simple_settings_become_policies():
+  from pax_autockpt import policies  # pylint: disable=g-import-not-at-top
+
+  class Mine(Exp):
+    AUTOCKPT_CONTINUOUS = True
+    AUTOCKPT_MIN_INTERVAL_SECS = 5
+    AUTOCKPT_KEEP_LATEST = 2
+    AUTOCKPT_KEEP_EVERY_SECS = 60
+  s = settings_lib.resolve(Mine())
+  assert settings_lib.save_policy(s) == policies.AnySavePolicy(
+      (policies.InitialSavePolicy(), policies.ContinuousCheckpointingPolicy(5)))
+  assert settings_lib.preservation_policy(s) == policies.AnyPreservationPolicy(
+      (policies.LatestN(2), policies.EveryNSeconds(60)))
+  assert settings_lib.save_policy(settings_lib.resolve(Exp())) is None  # Pax's own interval
+
+
+@pytest.mark.parametrize('attrs,needle', [
+    ({'AUTOCKPT_SAVE_POLICY': 'continuous', 'AUTOCKPT_CONTINUOUS': False}, 'should_save'),
+    ({'AUTOCKPT_PRESERVATION_POLICY': 42}, 'should_preserve'),
+    ({'AUTOCKPT_MIN_INTERVAL_SECS': 10}, 'only applies to continuous'),
+])
+def test_bad_policy_settings(attrs, needle):
+  bad = type('Bad', (Exp,), attrs)
+  with pytest.raises(settings_lib.ConfigError, match=needle):
+    settings_lib.resolve(bad())
+
+
+def test_policy_object_and_simple_attribute_conflict():
+  from pax_autockpt import policies  # pylint: disable=g-import-not-at-top
+  bad = type('Bad', (Exp,), {'AUTOCKPT_PRESERVATION_POLICY': policies.LatestN(3),
+                             'AUTOCKPT_KEEP_LATEST': 5})
+  with pytest.raises(settings_lib.ConfigError,
+                     match=r'Bad.AUTOCKPT_PRESERVATION_POLICY and Bad.AUTOCKPT_KEEP_LATEST are both set'):
+    settings_lib.resolve(bad())
+
+
+def test_flag_replaces_policy_object(autockpt_flags):
+  from pax_autockpt import policies  # pylint: disable=g-import-not-at-top
+  autockpt_flags(['prog', '--autockpt_keep_latest=7'])
+
+  class Mine(Exp):
+    AUTOCKPT_PRESERVATION_POLICY = policies.EveryNSeconds(60)
+  s = settings_lib.resolve(Mine())
+  assert settings_lib.preservation_policy(s) == policies.LatestN(7)
