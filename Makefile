@@ -33,8 +33,9 @@ test-fast: venv
 demo: venv
 	$(VENV)/bin/pax-autockpt demo
 
+# Long measurements on demand, never in CI.
 bench: venv
-	$(PYTEST) -q -s -m bench -p no:randomly tests
+	$(PY) -m pax_autockpt.bench --out bench
 
 soak: venv
 	$(PYTEST) -q -s -m soak tests

@@ -1,0 +1,235 @@
+"""`make bench`: every figure a ratio against a baseline measured in the same run, on this machine.
+
+Writes bench/results.md and bench/results.json. Scenarios:
+  (a) SIGTERM -> exit with the checkpoint committed, ~50M and ~200M-parameter states, against a raw
+      sequential write + fsync of the same number of bytes on the same disk;
+  (b) the same scenario under stock paxml/main.py with the seed's flags: ratio ours / stock;
+  (c) step time with continuous checkpointing and with Pax's fixed interval, against checkpointing off;
+      P50/P90 checkpoint interval in steps and seconds;
+  (d) restart-to-first-step against a fresh start;
+  (e) per-step cost of the hook when nothing is saved: ours / stock with saving off.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+
+from pax_autockpt import process
+from pax_autockpt import report as report_lib
+
+_B = 'pax_autockpt.bench_experiments.'
+_STEP_DONE = r'\[PAX STATUS\]: Step `\d+` completed'
+_RATE = re.compile(r'steps/sec: ([0-9.]+)')
+
+
+def _say(msg):
+  print(f'[bench] {msg}', flush=True)
+
+
+def _wiring(port):
+  return ('--num_hosts=1', '--host_idx=0', f'--server_addr=127.0.0.1:{port}')
+
+
+def _base(argv):
+  """argv without its --job_log_dir (each run appends its own)."""
+  return [a for a in argv if not a.startswith('--job_log_dir=')]
+
+
+def _dir_bytes(path):
+  return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+def raw_write_secs(directory, nbytes, chunk=8 << 20):
+  """Sequential write + fsync of nbytes: the disk's limit for a checkpoint of that size."""
+  path = os.path.join(directory, 'raw.bin')
+  buf = os.urandom(chunk)
+  start = time.perf_counter()
+  with open(path, 'wb') as f:
+    left = nbytes
+    while left > 0:
+      f.write(buf[:min(chunk, left)])
+      left -= chunk
+    f.flush()
+    os.fsync(f.fileno())
+  secs = time.perf_counter() - start
+  os.remove(path)
+  return secs
+
+
+def preempt_once(argv, workdir, name, train_secs=2.0):
+  """Starts, waits for training, SIGTERM; returns (exit code, SIGTERM->exit s, job dir)."""
+  job_dir = os.path.join(workdir, name)
+  job = process.Job([*argv, f'--job_log_dir={job_dir}'], os.path.join(workdir, f'{name}.log'))
+  try:
+    job.wait_for_log(_STEP_DONE, timeout=900)
+    time.sleep(train_secs)
+    sent = job.send(signal.SIGTERM)
+    code = job.wait(900)
+    return code, time.time() - sent, job_dir
+  finally:
+    job.kill()
+
+
+def mean_step_secs(log_text, skip=3):
+  """Mean step time from Pax's 'steps/sec' lines (one per 10 steps), after warm-up."""
+  rates = [float(r) for r in _RATE.findall(log_text)][skip:]
+  rates = [r for r in rates if r > 0]
+  return statistics.mean(1.0 / r for r in rates) if rates else float('nan')
+
+
+def timed_run(argv, workdir, name, secs):
+  """Trains for `secs` after the first step, then SIGKILL; returns (mean step s, job dir)."""
+  job_dir = os.path.join(workdir, name)
+  job = process.Job([*argv, f'--job_log_dir={job_dir}'], os.path.join(workdir, f'{name}.log'))
+  try:
+    job.wait_for_log(_STEP_DONE, timeout=600)
+    time.sleep(secs)
+  finally:
+    job.kill()
+  return mean_step_secs(job.log()), job_dir
+
+
+def first_step_secs(argv, workdir, name, job_dir):
+  """Process start -> first step completed."""
+  job = process.Job([*argv, f'--job_log_dir={job_dir}'], os.path.join(workdir, f'{name}.log'))
+  try:
+    job.wait_for_log(_STEP_DONE, timeout=600)
+    return time.time() - job.started
+  finally:
+    job.kill()
+
+
+def scenario_a_b(workdir, sizes, port):
+  rows = []
+  for size in sizes:
+    ours = _base(process.ours_argv(f'{_B}{size}Autockpt', ''))
+    stock = _base(process.stock_argv(f'{_B}{size}Stock', '', '--jax_fully_async_checkpoint',
+                                     '--exit_after_ondemand_checkpoint', *_wiring(port)))
+    code_o, secs_o, dir_o = preempt_once(ours, workdir, f'a_{size}_ours')
+    code_s, secs_s, dir_s = preempt_once(stock, workdir, f'b_{size}_stock')
+    ckpt = os.path.join(dir_o, 'checkpoints')
+    newest = sorted(os.listdir(ckpt))[-1]
+    nbytes = _dir_bytes(os.path.join(ckpt, newest))
+    raw = raw_write_secs(workdir, nbytes)
+    rows.append(dict(size=size, bytes=nbytes, ours_exit_code=code_o, ours_sigterm_to_exit_s=secs_o,
+                     stock_exit_code=code_s, stock_sigterm_to_exit_s=secs_s, raw_write_fsync_s=raw,
+                     ratio_ours_vs_raw=secs_o / raw, ratio_ours_vs_stock=secs_o / secs_s))
+    _say(f'(a/b) {size}: {nbytes / 1e6:.0f} MB, ours {secs_o:.2f} s (exit {code_o}), stock '
+         f'{secs_s:.2f} s (exit {code_s}), raw write {raw:.2f} s')
+    shutil.rmtree(dir_o, ignore_errors=True)
+    shutil.rmtree(dir_s, ignore_errors=True)
+  return rows
+
+
+def scenario_c(workdir, secs):
+  base = _base(process.ours_argv(f'{_B}TinyAutockpt', ''))
+  off, _ = timed_run([*base, '--enable_checkpoint_saving=false'], workdir, 'c_off', secs)
+  fixed, fixed_dir = timed_run(base, workdir, 'c_interval', secs)
+  cont, cont_dir = timed_run([*base, '--autockpt_continuous', '--autockpt_keep_latest=3'], workdir,
+                             'c_continuous', secs)
+  out = dict(step_s_off=off, step_s_interval=fixed, step_s_continuous=cont,
+             ratio_continuous_vs_off=cont / off, ratio_interval_vs_off=fixed / off)
+  for name, job_dir in (('interval', fixed_dir), ('continuous', cont_dir)):
+    r = report_lib.load(job_dir).to_dict()
+    out[f'{name}_intervals'] = {k: v for k, v in r.items() if 'interval' in k.lower()}
+  _say(f'(c) step time off {off * 1e3:.2f} ms, interval {fixed * 1e3:.2f} ms, continuous '
+       f'{cont * 1e3:.2f} ms')
+  return out
+
+
+def scenario_d(workdir):
+  argv = _base(process.ours_argv(f'{_B}TinyAutockpt', ''))
+  job_dir = os.path.join(workdir, 'd_job')
+  fresh = first_step_secs(argv, workdir, 'd_fresh', job_dir)
+  restart = first_step_secs(argv, workdir, 'd_restart', job_dir)
+  _say(f'(d) first step: fresh {fresh:.1f} s, restart {restart:.1f} s')
+  return dict(fresh_first_step_s=fresh, restart_first_step_s=restart, ratio_restart_vs_fresh=restart / fresh)
+
+
+def scenario_e(workdir, secs, port):
+  ours, _ = timed_run(_base(process.ours_argv(f'{_B}TinyAutockpt', '')) +
+                      ['--enable_checkpoint_saving=false'], workdir, 'e_ours', secs)
+  stock_argv = _base(process.stock_argv(f'{_B}TinyStock', '', '--jax_fully_async_checkpoint',
+                                        '--exit_after_ondemand_checkpoint', *_wiring(port),
+                                        '--enable_checkpoint_saving=false'))
+  stock, _ = timed_run(stock_argv, workdir, 'e_stock', secs)
+  _say(f'(e) step time with nothing saved: ours {ours * 1e3:.3f} ms, stock {stock * 1e3:.3f} ms')
+  return dict(step_s_ours=ours, step_s_stock=stock, ratio_ours_vs_stock=ours / stock,
+              per_step_cost_ms=(ours - stock) * 1e3)
+
+
+def to_markdown(res):
+  a = res.get('a_b', [])
+  lines = ['# pax-autockpt benchmark', '', f'Machine: {res["machine"]}. Each ratio is against a baseline '
+           'measured in the same run.', '']
+  if a:
+    lines += ['## (a) SIGTERM -> exit with the checkpoint committed, vs raw write + fsync; (b) vs stock paxml',
+              '', '| state | bytes | ours s | raw write s | ours/raw | stock s | ours/stock | exit ours/stock |',
+              '|---|---|---|---|---|---|---|---|']
+    for r in a:
+      lines.append(f'| {r["size"]} | {r["bytes"] / 1e6:.0f} MB | {r["ours_sigterm_to_exit_s"]:.2f} | '
+                   f'{r["raw_write_fsync_s"]:.2f} | {r["ratio_ours_vs_raw"]:.2f} | '
+                   f'{r["stock_sigterm_to_exit_s"]:.2f} | {r["ratio_ours_vs_stock"]:.2f} | '
+                   f'{r["ours_exit_code"]}/{r["stock_exit_code"]} |')
+    lines.append('')
+  if 'c' in res:
+    c = res['c']
+    lines += ['## (c) step time: continuous and fixed-interval checkpointing vs off', '',
+              f'- off {c["step_s_off"] * 1e3:.2f} ms, interval {c["step_s_interval"] * 1e3:.2f} ms '
+              f'(x{c["ratio_interval_vs_off"]:.3f}), continuous {c["step_s_continuous"] * 1e3:.2f} ms '
+              f'(x{c["ratio_continuous_vs_off"]:.3f})',
+              f'- intervals, continuous: {json.dumps(c["continuous_intervals"])}',
+              f'- intervals, fixed: {json.dumps(c["interval_intervals"])}', '']
+  if 'd' in res:
+    d = res['d']
+    lines += ['## (d) restart to first step vs fresh start', '',
+              f'- fresh {d["fresh_first_step_s"]:.1f} s, restart {d["restart_first_step_s"]:.1f} s, '
+              f'ratio {d["ratio_restart_vs_fresh"]:.2f}', '']
+  if 'e' in res:
+    e = res['e']
+    lines += ['## (e) per-step cost of the hook when nothing is saved', '',
+              f'- ours {e["step_s_ours"] * 1e3:.3f} ms, stock {e["step_s_stock"] * 1e3:.3f} ms, '
+              f'ratio {e["ratio_ours_vs_stock"]:.3f} ({e["per_step_cost_ms"]:+.3f} ms/step)', '']
+  return '\n'.join(lines)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog='python -m pax_autockpt.bench', description=__doc__)
+  parser.add_argument('--out', default='bench')
+  parser.add_argument('--only', default='abcde', help='scenarios to run, e.g. "ce"')
+  parser.add_argument('--secs', type=float, default=30.0, help='training seconds per timed run')
+  parser.add_argument('--sizes', default='Medium,Large')
+  args = parser.parse_args(argv)
+  os.makedirs(args.out, exist_ok=True)
+  workdir = tempfile.mkdtemp(prefix='autockpt-bench-', dir=args.out)
+  port = 20000 + os.getpid() % 10000
+  res = {'machine': f'{os.cpu_count()} CPUs, {sys.platform}', 'secs': args.secs}
+  try:
+    if 'a' in args.only or 'b' in args.only:
+      res['a_b'] = scenario_a_b(workdir, args.sizes.split(','), port)
+    if 'c' in args.only:
+      res['c'] = scenario_c(workdir, args.secs)
+    if 'd' in args.only:
+      res['d'] = scenario_d(workdir)
+    if 'e' in args.only:
+      res['e'] = scenario_e(workdir, args.secs, port + 1)
+  finally:
+    shutil.rmtree(workdir, ignore_errors=True)
+  with open(os.path.join(args.out, 'results.json'), 'w') as f:
+    json.dump(res, f, indent=2, default=str)
+  md = to_markdown(res)
+  with open(os.path.join(args.out, 'results.md'), 'w') as f:
+    f.write(md + '\n')
+  print(md)
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

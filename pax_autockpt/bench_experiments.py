@@ -1,0 +1,80 @@
+"""Experiments for `make bench` only: stock baselines (no hook) and larger CPU states.
+
+`--exp=pax_autockpt.bench_experiments.<Name>`. The `*Stock` classes are the same models without
+AutockptMixin, for stock paxml/main.py; the others carry the hook.
+"""
+
+from paxml import experiment_registry
+from paxml.tasks.lm.params import lm_cloud
+
+from experiments import lm_cloud_autockpt as exps
+from pax_autockpt.experiment import AutockptMixin
+
+
+class _Tiny(exps._SyntheticSpecs, lm_cloud.LmCloudSpmd):  # pylint: disable=protected-access
+  """LmCloudSpmdTinyAutockpt's model and schedule, without the hook."""
+
+  PERCORE_BATCH_SIZE = exps.LmCloudSpmdTinyAutockpt.PERCORE_BATCH_SIZE
+  MAX_SEQ_LEN = exps.LmCloudSpmdTinyAutockpt.MAX_SEQ_LEN
+  VOCAB_SIZE = exps.LmCloudSpmdTinyAutockpt.VOCAB_SIZE
+  NUM_LAYERS = exps.LmCloudSpmdTinyAutockpt.NUM_LAYERS
+  MODEL_DIMS = exps.LmCloudSpmdTinyAutockpt.MODEL_DIMS
+  HIDDEN_DIMS = exps.LmCloudSpmdTinyAutockpt.HIDDEN_DIMS
+  DIMS_PER_HEAD = exps.LmCloudSpmdTinyAutockpt.DIMS_PER_HEAD
+  ICI_MESH_SHAPE = [1, 1, 1]
+  CHECKPOINT_EVERY_N_STEPS = 500
+  NUM_TRAIN_STEPS = 1_000_000
+
+  def task(self):
+    task_p = super().task()
+    task_p.train.num_train_steps = self.NUM_TRAIN_STEPS
+    return task_p
+
+
+@experiment_registry.register
+class TinyStock(_Tiny):
+  """Stock baseline of the tiny model."""
+
+
+@experiment_registry.register
+class TinyAutockpt(AutockptMixin, _Tiny):
+  """The tiny model with the hook, a long schedule."""
+
+
+class _Medium(_Tiny):
+  """~50M parameters (x3 with Adam's moments): vocab 32000, dim 512, 8 layers."""
+
+  VOCAB_SIZE = 32000
+  MODEL_DIMS = 512
+  HIDDEN_DIMS = 2048
+  NUM_LAYERS = 8
+  DIMS_PER_HEAD = 64
+  PERCORE_BATCH_SIZE = 1
+
+
+class _Large(_Medium):
+  """~200M parameters: vocab 32000, dim 1024, 15 layers."""
+
+  MODEL_DIMS = 1024
+  HIDDEN_DIMS = 4096
+  NUM_LAYERS = 15
+
+
+@experiment_registry.register
+class MediumStock(_Medium):
+  pass
+
+
+@experiment_registry.register
+class MediumAutockpt(AutockptMixin, _Medium):
+  pass
+
+
+@experiment_registry.register
+class LargeStock(_Large):
+  pass
+
+
+@experiment_registry.register
+class LargeAutockpt(AutockptMixin, _Large):
+  pass

@@ -1,0 +1,82 @@
+"""End to end, continuous checkpointing: back-to-back saves, LatestN preservation, preemption."""
+
+import signal
+import statistics
+import sys
+import time
+
+import pytest
+
+from pax_autockpt import process
+from tests.conftest import assert_restorable, checkpoint_steps, events_of
+
+pytestmark = pytest.mark.e2e
+
+EXP = 'experiments.lm_cloud_autockpt.LmCloudSpmdTinyContinuousAutockpt'  # min 1 s, keep latest 3
+MIN_INTERVAL = 1.0
+
+
+def _sigterm_right_after_a_save_starts(job, job_dir, after_secs):
+  """Waits `after_secs` of training, then SIGTERMs as soon as a new save has started."""
+  job.wait_for_log(r'\[PAX STATUS\]: Step `\d+` completed')
+  time.sleep(after_secs)
+  seen = len(events_of(job_dir, 'save_started'))
+  deadline = time.time() + 30
+  while len(events_of(job_dir, 'save_started')) == seen and time.time() < deadline:
+    time.sleep(0.01)
+  return job.send(signal.SIGTERM)
+
+
+def test_continuous_saves_back_to_back_keeps_latest_3_and_commits_on_demand_mid_save(
+    jobs, job_dir, tmp_path):
+  job = process.Job(process.ours_argv(EXP, job_dir), str(tmp_path / 'run.log'))
+  jobs.append(job)
+  sent = _sigterm_right_after_a_save_starts(job, job_dir, after_secs=25)
+  assert job.wait(120) == 143, job.log()[-3000:]
+
+  started = events_of(job_dir, 'save_started')
+  committed = {e['step']: e['t'] for e in events_of(job_dir, 'save_committed')}
+  regular = [e for e in started if e['reason'] == 'continuous']
+  assert len(regular) >= 10, f'only {len(regular)} continuous saves in ~25 s'
+  # Back to back: the next save starts as soon as the previous committed and the minimum passed.
+  gaps = [nxt['t'] - committed[cur['step']] for cur, nxt in zip(regular, regular[1:])]
+  starts = [nxt['t'] - cur['t'] for cur, nxt in zip(regular, regular[1:])]
+  step_secs = (regular[-1]['t'] - regular[0]['t']) / (regular[-1]['step'] - regular[0]['step'])
+  bound = max(MIN_INTERVAL, 5 * step_secs)
+  print(f'{len(regular)} saves; median commit->next start {statistics.median(gaps):.3f} s, '
+        f'median start->start {statistics.median(starts):.3f} s, step {step_secs * 1000:.1f} ms')
+  assert statistics.median(gaps) <= bound
+  assert min(starts) >= MIN_INTERVAL - 0.01  # never closer than the minimum interval
+
+  # The preemption: agreed step committed, exit 143; it came while a continuous save was running.
+  preemption = events_of(job_dir, 'preemption')[0]
+  step = preemption['step']
+  assert [e['reason'] for e in started if e['step'] == step] == ['preemption']
+  assert step in committed and events_of(job_dir, 'exit')[-1] == {
+      **events_of(job_dir, 'exit')[-1], 'code': 143, 'step': step}
+  previous = [e for e in regular if e['step'] < step][-1]
+  print(f'SIGTERM {sent - previous["t"]:.3f} s after the save of step {previous["step"]} started; '
+        f'that save committed {committed[previous["step"]] - sent:.3f} s after SIGTERM')
+
+  # Preservation: exactly the newest 3 saved steps remain, every other one has a deleted event.
+  saved = sorted(e['step'] for e in started)
+  complete, incomplete = checkpoint_steps(job_dir)
+  assert complete == saved[-3:] and incomplete == []
+  deleted = events_of(job_dir, 'deleted')
+  assert sorted(e['step'] for e in deleted) == saved[:-3]
+  assert {e['policy'] for e in deleted} == {'LatestN(n=3)'}
+  assert_restorable(job_dir, step)
+
+
+def test_two_hosts_continuous_save_the_same_steps(jobs, job_dir, tmp_path):
+  argv = [sys.executable, '-m', 'pax_autockpt.cli', 'launch', '--num_hosts=2', '--', f'--exp={EXP}',
+          f'--job_log_dir={job_dir}', '--autockpt_keep_latest=100']
+  job = process.Job(argv, str(tmp_path / 'launch.log'))
+  jobs.append(job)
+  job.wait_for_log(r'\[host 1\].*continuous save of step', timeout=300)
+  time.sleep(15)
+  job.send(signal.SIGTERM)
+  assert job.wait(120) == 143, job.log()[-3000:]
+  steps = [[e['step'] for e in events_of(job_dir, 'save_started', host)] for host in (0, 1)]
+  assert len(steps[0]) >= 5 and steps[0] == steps[1], steps
+  assert events_of(job_dir, 'deleted', 1) == []  # deletion runs on the primary host only
