@@ -7,6 +7,7 @@ the answer travels through jax.distributed's key-value store (the coordination s
 
 from typing import Callable
 
+import jax
 from jax._src import distributed
 
 _PREFIX = 'autockpt/decision/'
@@ -23,8 +24,8 @@ class PrimaryDecides:
 
   @property
   def needed(self) -> bool:
-    """False with one process (no coordination service, nothing to agree on)."""
-    return self._client is not None
+    """False with one process: nothing to agree on."""
+    return self._client is not None and jax.process_count() > 1
 
   def __call__(self, decide: Callable[[], bool]) -> bool:
     if not self.needed:
@@ -35,7 +36,11 @@ class PrimaryDecides:
       self._client.key_value_set(key, '1' if answer else '0')
       if self._n >= 2:
         # Every host has read n-2: it took part in the step n-1 collectives that followed it.
-        self._client.key_value_delete(f'{_PREFIX}{self._n - 2}')
+        try:
+          self._client.key_value_delete(f'{_PREFIX}{self._n - 2}')
+        except TypeError:
+          pass  # jaxlib 0.4.26 deletes, then cannot convert the returned absl::Status
+
     else:
       answer = self._client.blocking_key_value_get(key, _TIMEOUT_MS) == '1'
     self._n += 1

@@ -69,12 +69,17 @@ def test_continuous_saves_back_to_back_keeps_latest_3_and_commits_on_demand_mid_
 
 
 def test_two_hosts_continuous_save_the_same_steps(jobs, job_dir, tmp_path):
-  argv = [sys.executable, '-m', 'pax_autockpt.cli', 'launch', '--num_hosts=2', '--', f'--exp={EXP}',
-          f'--job_log_dir={job_dir}', '--autockpt_keep_latest=100']
+  exp = 'experiments.lm_cloud_autockpt.LmCloudSpmdTinyMultisliceAutockpt'  # 2 hosts, DCN [2,1,1]
+  argv = [sys.executable, '-m', 'pax_autockpt.cli', 'launch', '--num_hosts=2', '--', f'--exp={exp}',
+          f'--job_log_dir={job_dir}', '--autockpt_continuous', '--autockpt_min_interval_secs=0.5',
+          '--autockpt_keep_latest=100']
   job = process.Job(argv, str(tmp_path / 'launch.log'))
   jobs.append(job)
-  job.wait_for_log(r'\[host 1\].*continuous save of step', timeout=300)
-  time.sleep(15)
+  deadline = time.time() + 300
+  while len(events_of(job_dir, 'save_started', 1)) < 3:  # past the first compilation
+    assert time.time() < deadline and job.proc.poll() is None, job.log()[-3000:]
+    time.sleep(0.2)
+  time.sleep(10)
   job.send(signal.SIGTERM)
   assert job.wait(120) == 143, job.log()[-3000:]
   steps = [[e['step'] for e in events_of(job_dir, 'save_started', host)] for host in (0, 1)]
