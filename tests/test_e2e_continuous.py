@@ -55,8 +55,10 @@ def test_continuous_saves_back_to_back_keeps_latest_3_and_commits_on_demand_mid_
   assert step in committed and events_of(job_dir, 'exit')[-1] == {
       **events_of(job_dir, 'exit')[-1], 'code': 143, 'step': step}
   previous = [e for e in regular if e['step'] < step][-1]
-  print(f'SIGTERM {sent - previous["t"]:.3f} s after the save of step {previous["step"]} started; '
-        f'that save committed {committed[previous["step"]] - sent:.3f} s after SIGTERM')
+  on_demand = [e for e in started if e['step'] == step][0]
+  print(f'SIGTERM at 0; save of step {previous["step"]} started {previous["t"] - sent:+.3f} s, '
+        f'committed {committed[previous["step"]] - sent:+.3f} s; on-demand save of step {step} '
+        f'started {on_demand["t"] - sent:+.3f} s, committed {committed[step] - sent:+.3f} s')
 
   # Preservation: exactly the newest 3 saved steps remain, every other one has a deleted event.
   saved = sorted(e['step'] for e in started)
