@@ -9,12 +9,15 @@ from typing import Any
 
 from absl import logging
 from etils import epath
+from praxis import py_utils
 
 from pax_autockpt import agreement
 from pax_autockpt import events as events_lib
+from pax_autockpt import integrity
 from pax_autockpt import policies
 from pax_autockpt import preemption
 from pax_autockpt import settings as settings_lib
+from pax_autockpt import summaries as summaries_lib
 
 _COMPLETE = re.compile(r'^checkpoint_(\d{8})$')  # orbax writes a tmp name and renames on commit
 
@@ -42,8 +45,10 @@ class AutockptCheckpointer:
   """
 
   def __init__(self, inner: Any, *, settings: settings_lib.Settings, events: events_lib.EventLog,
-               exit_after_ondemand_checkpoint: bool):
+               exit_after_ondemand_checkpoint: bool, enable_summaries: bool = True):
     self._inner = inner
+    self._summaries = summaries_lib.SaveSummaries(events.job_log_dir,
+                                                  enabled=enable_summaries and events.host == 0)
     self._settings = settings
     self._events = events
     self._exit_after_ondemand = exit_after_ondemand_checkpoint
@@ -78,6 +83,38 @@ class AutockptCheckpointer:
 
   def reached_preemption(self, step: int) -> bool:
     return self._preemption.is_agreed(step)
+
+  def get_model_states(self, partitioner, metadata, root_prng_key, train_input_pipeline=None):
+    """Pax's restore, falling back to the next newest complete checkpoint when one is damaged."""
+    while True:
+      step = self._inner.step_to_restore
+      found = integrity.problems(step_dir(self.checkpoint_dir, step)) if step is not None else []
+      if found:
+        self._skip_unrestorable(step, '; '.join(found))
+        continue
+      try:
+        return self._inner.get_model_states(partitioner, metadata, root_prng_key, train_input_pipeline)
+      except Exception as e:  # pylint: disable=broad-except
+        if step is None:
+          raise
+        self._skip_unrestorable(step, f'{type(e).__name__}: {e}'.splitlines()[0][:300])
+
+  def _skip_unrestorable(self, step: int, error: str) -> None:
+    """Moves the checkpoint aside (never deletes it) and points Pax at the next newest one."""
+    aside = self._events.job_log_dir / 'autockpt' / 'unrestorable' / step_dir(self.checkpoint_dir, step).name
+    logging.error('[autockpt] checkpoint %d cannot be restored (%s); moved to %s, trying the next newest.',
+                  step, error, aside)
+    self._events.write('restore_skipped', step=step, error=error)
+    if self._events.host == 0:
+      aside.parent.mkdir(parents=True, exist_ok=True)
+      if aside.exists():
+        aside = aside.with_name(f'{aside.name}.{int(time.time())}')
+      step_dir(self.checkpoint_dir, step).rename(aside)
+    py_utils.sync_global_devices(f'autockpt:unrestorable:{step}')
+    self._orbax_manager.reload()
+    self._inner._step_to_restore = self._pax_manager.latest_step()  # pylint: disable=protected-access
+    with self._lock:
+      self._history = [c for c in self._history if c.step != step]
 
   def save_if_needed(self, step_i, partitioned_train_state, train_state_unpadded_shape_dtype_struct=None,
                      train_state_pspecs=None, train_input_pipeline=None):
@@ -138,6 +175,7 @@ class AutockptCheckpointer:
     self._inner.save_final(step, **state)
     blocking = time.time() - start
     self._events.write('save_started', t=start, step=step, reason=reason, blocking_s=round(blocking, 6))
+    self._summaries.started(step, start, blocking)
     logging.info('[autockpt] %s save of step %d started (loop blocked %.3f s).', reason, step, blocking)
     self._watch_commit(step, start)
     self._pax_manager.check_for_errors()
@@ -150,7 +188,9 @@ class AutockptCheckpointer:
       if finalize is not None:
         finalize.join()
       if step_dir(self.checkpoint_dir, step).exists():
-        self._events.write('save_committed', step=step, duration_s=round(time.time() - start, 6))
+        duration = time.time() - start
+        self._events.write('save_committed', step=step, duration_s=round(duration, 6))
+        self._summaries.committed(step, duration)
         if self._preservation is not None and self._events.host == 0:
           self._preserve()
       else:

@@ -25,13 +25,15 @@ class AutockptExecutor(executors.DefaultExecutor):
     # Wrapped before the restore, so that a SIGTERM during the restore is already watched for.
     wrapped = checkpointer_lib.AutockptCheckpointer(
         checkpointer, settings=self._settings, events=self._events,
-        exit_after_ondemand_checkpoint=exit_after_ondemand_checkpoint)
-    self._events.write('start', num_hosts=jax.process_count(), pid=os.getpid(),
-                       restored_step=checkpointer.step_to_restore)
+        exit_after_ondemand_checkpoint=exit_after_ondemand_checkpoint,
+        enable_summaries=kwargs.get('enable_summary_writer', True))
     logging.info('[autockpt] host %d/%d, restoring step %s, settings %s', jax.process_index(),
                  jax.process_count(), checkpointer.step_to_restore, self._settings)
     super().setup(jax_task, job_log_dir, wrapped, *args,
                   exit_after_ondemand_checkpoint=exit_after_ondemand_checkpoint, **kwargs)
+    # After the restore: a damaged newest checkpoint may have been passed over.
+    self._events.write('start', num_hosts=jax.process_count(), pid=os.getpid(),
+                       restored_step=wrapped.step_to_restore)
 
   def start(self):
     super().start()

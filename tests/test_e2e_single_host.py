@@ -7,7 +7,7 @@ import time
 import pytest
 
 from pax_autockpt import process
-from tests.conftest import assert_restorable, checkpoint_steps, events_of
+from tests.conftest import assert_restorable, checkpoint_steps, events_of, tb_scalars
 
 pytestmark = pytest.mark.e2e
 
@@ -72,6 +72,12 @@ def test_sigterm_mid_training_commits_agreed_step_exits_143_and_resumes(jobs, jo
   step = _assert_preempted_run(job_dir, restored=None)
   assert step > 0
   print(f'SIGTERM -> exit {secs:.2f} s, on-demand step {step}')
+  # The same saves as TensorBoard scalars in the job's summaries.
+  scalars = tb_scalars(job_dir)
+  saved = [e['step'] for e in events_of(job_dir, 'save_started')]
+  assert [s for s, _ in scalars['autockpt/save_blocking_s']] == saved
+  assert [s for s, _ in scalars['autockpt/save_duration_s']] == saved
+  assert scalars['autockpt/save_interval_steps'] == [(step, float(step - saved[0]))]
 
   # Same command again: restores N and trains to the end (Pax's final save, exit 0).
   second = _start(jobs, process.ours_argv(EXP, job_dir), str(tmp_path / 'run2.log'))

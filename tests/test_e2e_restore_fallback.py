@@ -1,0 +1,57 @@
+"""A damaged newest checkpoint is passed over (and kept aside), never restored, never a crash loop."""
+
+import glob
+import os
+import random
+import signal
+import time
+
+import pytest
+
+from pax_autockpt import process
+from tests.conftest import checkpoint_steps, events_of
+
+pytestmark = pytest.mark.e2e
+
+EXP = process.TINY_EXP
+
+
+def _run_and_preempt(jobs, job_dir, log) -> int:
+  job = process.Job(process.ours_argv(EXP, job_dir), log)
+  jobs.append(job)
+  job.wait_for_log(r'\[PAX STATUS\]: Step `\d+` completed')
+  time.sleep(random.uniform(0.5, 2.0))
+  job.send(signal.SIGTERM)
+  assert job.wait(120) == 143, job.log()[-3000:]
+  return events_of(job_dir, 'preemption')[-1]['step']
+
+
+def _a_chunk(job_dir, step):
+  path = os.path.join(job_dir, 'checkpoints', f'checkpoint_{step:08d}', 'state')
+  return sorted(glob.glob(os.path.join(path, '*.w', '0.0')))[0]
+
+
+def test_missing_then_truncated_array_files_are_skipped_and_kept_aside(jobs, job_dir, tmp_path):
+  first = _run_and_preempt(jobs, job_dir, str(tmp_path / 'run1.log'))
+  os.remove(_a_chunk(job_dir, first))  # tensorstore would read zeros for it: must not be restored
+
+  second = _run_and_preempt(jobs, job_dir, str(tmp_path / 'run2.log'))
+  skipped = events_of(job_dir, 'restore_skipped')
+  assert [e['step'] for e in skipped] == [first] and 'is missing' in skipped[0]['error']
+  restored = events_of(job_dir, 'start')[-1]['restored_step']
+  assert restored is not None and restored < first
+  aside = os.path.join(job_dir, 'autockpt', 'unrestorable', f'checkpoint_{first:08d}')
+  assert os.path.isdir(os.path.join(aside, 'state'))  # kept, not deleted
+  assert checkpoint_steps(job_dir)[1] == []
+  log = open(tmp_path / 'run2.log').read()
+  assert f'checkpoint {first} cannot be restored' in log and f'Model initial global_step={restored}' in log
+
+  with open(_a_chunk(job_dir, second), 'r+b') as f:  # a torn write: the restore itself fails
+    f.truncate(3)
+  _run_and_preempt(jobs, job_dir, str(tmp_path / 'run3.log'))
+  skipped = events_of(job_dir, 'restore_skipped')
+  assert [e['step'] for e in skipped] == [first, second]
+  assert events_of(job_dir, 'start')[-1]['restored_step'] < second
+  kept = sorted(os.listdir(os.path.join(job_dir, 'autockpt', 'unrestorable')))
+  assert len(kept) == 2 and all(k.startswith(('checkpoint_%08d' % first, 'checkpoint_%08d' % second))
+                                for k in kept), kept
