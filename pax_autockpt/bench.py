@@ -134,13 +134,17 @@ def scenario_c(workdir, secs):
   fixed, fixed_dir = timed_run(base, workdir, 'c_interval', secs)
   cont, cont_dir = timed_run([*base, '--autockpt_continuous', '--autockpt_keep_latest=3'], workdir,
                              'c_continuous', secs)
+  cont1, cont1_dir = timed_run([*base, '--autockpt_continuous', '--autockpt_min_interval_secs=1',
+                                '--autockpt_keep_latest=3'], workdir, 'c_continuous_min1s', secs)
   out = dict(step_s_off=off, step_s_interval=fixed, step_s_continuous=cont,
-             ratio_continuous_vs_off=cont / off, ratio_interval_vs_off=fixed / off)
-  for name, job_dir in (('interval', fixed_dir), ('continuous', cont_dir)):
+             step_s_continuous_min1s=cont1, ratio_continuous_vs_off=cont / off,
+             ratio_continuous_min1s_vs_off=cont1 / off, ratio_interval_vs_off=fixed / off)
+  for name, job_dir in (('interval', fixed_dir), ('continuous', cont_dir),
+                        ('continuous_min1s', cont1_dir)):
     r = report_lib.load(job_dir).to_dict()
     out[f'{name}_intervals'] = {k: v for k, v in r.items() if 'interval' in k.lower()}
   _say(f'(c) step time off {off * 1e3:.2f} ms, interval {fixed * 1e3:.2f} ms, continuous '
-       f'{cont * 1e3:.2f} ms')
+       f'{cont * 1e3:.2f} ms, continuous with a 1 s minimum {cont1 * 1e3:.2f} ms')
   return out
 
 
@@ -184,8 +188,10 @@ def to_markdown(res):
     lines += ['## (c) step time: continuous and fixed-interval checkpointing vs off', '',
               f'- off {c["step_s_off"] * 1e3:.2f} ms, interval {c["step_s_interval"] * 1e3:.2f} ms '
               f'(x{c["ratio_interval_vs_off"]:.3f}), continuous {c["step_s_continuous"] * 1e3:.2f} ms '
-              f'(x{c["ratio_continuous_vs_off"]:.3f})',
+              f'(x{c["ratio_continuous_vs_off"]:.3f}), continuous with a 1 s minimum '
+              f'{c["step_s_continuous_min1s"] * 1e3:.2f} ms (x{c["ratio_continuous_min1s_vs_off"]:.3f})',
               f'- intervals, continuous: {json.dumps(c["continuous_intervals"])}',
+              f'- intervals, continuous with a 1 s minimum: {json.dumps(c["continuous_min1s_intervals"])}',
               f'- intervals, fixed: {json.dumps(c["interval_intervals"])}', '']
   if 'd' in res:
     d = res['d']

@@ -47,6 +47,8 @@ class AutockptCheckpointer:
   def __init__(self, inner: Any, *, settings: settings_lib.Settings, events: events_lib.EventLog,
                exit_after_ondemand_checkpoint: bool, enable_summaries: bool = True):
     self._inner = inner
+    # --enable_checkpoint_saving=false: Pax's saves are no-ops, so neither start nor log any.
+    self._saving = getattr(inner, '_enable_checkpoint_saving', True)
     self._summaries = summaries_lib.SaveSummaries(events.job_log_dir,
                                                   enabled=enable_summaries and events.host == 0)
     self._settings = settings
@@ -124,12 +126,12 @@ class AutockptCheckpointer:
                  train_state_pspecs=train_state_pspecs, train_input_pipeline=train_input_pipeline)
     if self._preemption.check(step_i):
       self._on_preemption(step_i, state)
-    elif self._wants_save(step_i):
+    elif self._saving and self._wants_save(step_i):
       self._save(step_i, self._save_reason, state)
 
   def save_final(self, step_i, **state):
     self.last_step = step_i
-    if self._latest_step() is None or self._latest_step() < step_i:
+    if self._saving and (self._latest_step() is None or self._latest_step() < step_i):
       self._save(step_i, 'final', state)
 
   def wait_until_finished(self):
@@ -225,14 +227,16 @@ class AutockptCheckpointer:
   def _on_preemption(self, step: int, state: dict[str, Any]) -> None:
     self._events.write('preemption', step=step, signal=self._preemption.signal_name)
     logging.info('[autockpt] Preemption: every host agreed on step %d.', step)
-    if self._latest_step() is not None and self._latest_step() >= step:
+    if not self._saving:
+      logging.warning('[autockpt] --enable_checkpoint_saving=false: no on-demand checkpoint written.')
+    elif self._latest_step() is not None and self._latest_step() >= step:
       logging.info('[autockpt] Step %d is already committed; nothing new to save.', step)
     else:
       self._save(step, 'preemption', state)
     if not self._exit_after_ondemand:
       return
     self.wait_until_finished()
-    if not step_dir(self.checkpoint_dir, step).exists():
+    if self._saving and not step_dir(self.checkpoint_dir, step).exists():
       logging.error('[autockpt] On-demand checkpoint of step %d failed to commit; exiting 1.', step)
       self._events.write('exit', code=1, step=step)
       sys.exit(1)

@@ -73,17 +73,22 @@ def _check_experiment() -> None:
 
 
 def _check_job_log_dir() -> None:
+  """Creates the job directory (as paxml would) or fails; runs after every other check passed.
+
+  A real attempt, because root passes os.access() on directories it cannot write (e.g. /proc).
+  """
   if FLAGS.job_log_dir is None:
     _fail('--job_log_dir is required: the directory for checkpoints and logs (local or gs://).')
   path = os.fspath(FLAGS.job_log_dir)
   if '://' in path:
     return
-  existing = path
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing) or '.'
-  if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
-    _fail(f'--job_log_dir={path} is not writable ({existing} is not a writable directory): '
-          'choose a directory you can write to.')
+  try:
+    os.makedirs(path, exist_ok=True)
+    probe = os.path.join(path, f'.autockpt-probe-{os.getpid()}')
+    os.mkdir(probe)
+    os.rmdir(probe)
+  except OSError as e:
+    _fail(f'--job_log_dir={path} is not writable ({e.strerror}): choose a directory you can write to.')
 
 
 def main(argv):
@@ -91,9 +96,9 @@ def main(argv):
   if FLAGS.autockpt_print_wiring:
     print(wiring.line(), flush=True)
     return 0
-  _check_job_log_dir()
   if FLAGS.exp is not None:
     _check_experiment()
+  _check_job_log_dir()
   FLAGS.host_idx, FLAGS.num_hosts, FLAGS.server_addr = (
       wiring.host_idx, wiring.num_hosts, wiring.server_addr)
   if wiring.num_hosts > 1:

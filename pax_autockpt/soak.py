@@ -1,0 +1,190 @@
+"""`make soak`: chaos cycles of start -> SIGTERM or SIGKILL at a random moment -> restart.
+
+Moments include the middle of a save and the restore. Each cycle checks, from the event log and the
+checkpoint directory: a SIGTERM lost 0 steps (the next run restores the agreed step), a SIGKILL lost
+at most the save interval (the next run restores the newest committed checkpoint), no incomplete
+checkpoint is ever restored, and leftovers never block a later save. Prints the counts.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import re
+import signal
+import sys
+import tempfile
+import time
+
+from pax_autockpt import events as events_lib
+from pax_autockpt import process
+
+_STEP_DONE = r'\[PAX STATUS\]: Step `\d+` completed'
+_RESTORING = r'\[PAX STATUS\]: Starting checkpoint load'
+_MOMENTS = ('training', 'save', 'restore')
+
+
+@dataclasses.dataclass
+class Tally:
+  cycles: int = 0
+  sigterm: int = 0
+  sigkill: int = 0
+  moments: dict = dataclasses.field(default_factory=lambda: {m: 0 for m in _MOMENTS})
+  steps_lost: int = 0
+  max_lost: int = 0
+  failures: list = dataclasses.field(default_factory=list)
+  final_step: int | None = None
+
+
+def _runs(job_dir, num_hosts):
+  """Per host, the events of each process start (a run), oldest first."""
+  out = []
+  for host in range(num_hosts):
+    runs, current = [], None
+    for e in events_lib.read(job_dir, host):
+      if e['event'] == 'start':
+        current = [e]
+        runs.append(current)
+      elif current is not None:
+        current.append(e)
+    out.append(runs)
+  return out
+
+
+def _committed(job_dir, host=0):
+  return {e['step'] for e in events_lib.read(job_dir, host) if e['event'] == 'save_committed'}
+
+
+def _count(job_dir, kind):
+  return sum(e['event'] == kind for e in events_lib.read(job_dir, 0))
+
+
+def _start(argv, num_hosts, log):
+  if num_hosts == 1:
+    return process.Job(argv, log)
+  return process.Job([sys.executable, '-m', 'pax_autockpt.cli', 'launch', f'--num_hosts={num_hosts}',
+                      '--', *argv[3:]], log)
+
+
+def _wait(cond, job, timeout=300):
+  deadline = time.time() + timeout
+  while not cond():
+    if time.time() > deadline or job.proc.poll() is not None:
+      return False
+    time.sleep(0.005)
+  return True
+
+
+def _hit(job, job_dir, moment, rng, starts):
+  """Waits for the moment; False if the run ended (or never got there) first."""
+  host0_log = os.path.join(job_dir, 'autockpt', 'host0.log')
+  log = (lambda: job.log()) if job.argv[2] == 'pax_autockpt.main' else (
+      lambda: open(host0_log, errors='replace').read() if os.path.exists(host0_log) else '')
+  if moment == 'restore':
+    ok = _wait(lambda: re.search(_RESTORING, log()) is not None, job)
+    time.sleep(rng.uniform(0.0, 0.5))
+    return ok and job.proc.poll() is None
+  if not _wait(lambda: _count(job_dir, 'start') > starts, job):
+    return False
+  if moment == 'training':
+    time.sleep(rng.uniform(1.0, 8.0))
+    return job.proc.poll() is None
+  saves = _count(job_dir, 'save_started')  # 'save': right after one started, its commit in flight
+  return _wait(lambda: _count(job_dir, 'save_started') > saves, job, timeout=60)
+
+
+def _signal(job, job_dir, num_hosts, signum):
+  """SIGTERM as a maintenance event (to the process or the launcher); SIGKILL to every process."""
+  if signum == signal.SIGTERM:
+    job.send(signal.SIGTERM)
+    return
+  for runs in _runs(job_dir, num_hosts):
+    if runs:
+      try:
+        os.kill(runs[-1][0]['pid'], signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+  job.kill()
+
+
+def _check(tally, cycle, prev, run, committed_before, interval):
+  """A restarted run restored the newest committed step, and lost at most what the signal allows."""
+  restored = run[0]['restored_step']
+  newest = max(committed_before) if committed_before else None
+  if restored != newest:
+    tally.failures.append(f'cycle {cycle}: restored {restored}, newest committed was {newest}')
+  reached = max([e['step'] for e in prev if isinstance(e.get('step'), int)] + [0])
+  lost = max(0, reached - (restored or 0))
+  clean = any(e['event'] == 'exit' and e['code'] == 143 for e in prev)
+  if clean and lost:
+    tally.failures.append(f'cycle {cycle}: a SIGTERM exit lost {lost} steps')
+  if lost > interval:
+    tally.failures.append(f'cycle {cycle}: lost {lost} steps > save interval {interval}')
+  tally.steps_lost += lost
+  tally.max_lost = max(tally.max_lost, lost)
+  started = [e['step'] for e in run if e['event'] == 'save_started']
+  done = {e['step'] for e in run if e['event'] == 'save_committed'}
+  if [s for s in started[:-1] if s not in done]:
+    tally.failures.append(f'cycle {cycle}: a save was blocked (started, never committed)')
+
+
+def run(cycles, num_hosts, workdir, seed, exp, target_step, interval=500):
+  rng = random.Random(seed)
+  job_dir = os.path.join(workdir, 'job')
+  argv = process.ours_argv(exp, job_dir)
+  tally = Tally()
+  for cycle in range(cycles + 1):
+    final = cycle == cycles
+    committed_before, starts = _committed(job_dir), _count(job_dir, 'start')
+    job = _start(argv, num_hosts, os.path.join(workdir, f'cycle{cycle}.log'))
+    signum = moment = None
+    if not final:
+      signum, moment = rng.choice((signal.SIGTERM, signal.SIGKILL)), rng.choice(_MOMENTS)
+      if _hit(job, job_dir, moment, rng, starts):
+        _signal(job, job_dir, num_hosts, signum)
+        tally.cycles += 1
+        tally.sigterm += signum == signal.SIGTERM
+        tally.sigkill += signum == signal.SIGKILL
+        tally.moments[moment] += 1
+      else:
+        signum = None
+    try:
+      code = job.wait(900 if final else 300)
+    except Exception:  # pylint: disable=broad-except
+      code = None
+      tally.failures.append(f'cycle {cycle}: did not exit')
+    runs = _runs(job_dir, num_hosts)[0]
+    new = len(runs) > starts  # a run killed during its restore never wrote its start event
+    if new and len(runs) >= 2:
+      _check(tally, cycle, runs[-2], runs[-1], committed_before, interval)
+    what = 'final' if final else (f'{signal.Signals(signum).name} during {moment}' if signum else '-')
+    print(f'[soak] cycle {cycle}: {what} -> exit {code}, restored '
+          f'{runs[-1][0]["restored_step"] if new else "(killed before restoring)"}', flush=True)
+    if final:
+      exits = [e for e in runs[-1] if e['event'] == 'exit'] if new else []
+      tally.final_step = exits[-1]['step'] if exits else None
+      if code != 0 or tally.final_step != target_step:
+        tally.failures.append(f'final run: exit {code}, step {tally.final_step}, target {target_step}')
+  return tally
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog='python -m pax_autockpt.soak', description=__doc__)
+  parser.add_argument('--cycles', type=int, default=30)
+  parser.add_argument('--num_hosts', type=int, default=1)
+  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--workdir', default=None)
+  args = parser.parse_args(argv)
+  exp = ('experiments.lm_cloud_autockpt.LmCloudSpmdTinyAutockpt' if args.num_hosts == 1 else
+         'experiments.lm_cloud_autockpt.LmCloudSpmdTinyMultisliceAutockpt')
+  workdir = args.workdir or tempfile.mkdtemp(prefix='autockpt-soak-')
+  start = time.time()
+  tally = run(args.cycles, args.num_hosts, workdir, args.seed, exp, target_step=2000)
+  summary = dataclasses.asdict(tally) | {'num_hosts': args.num_hosts, 'secs': round(time.time() - start)}
+  print('[soak] ' + json.dumps(summary))
+  return 0 if not tally.failures else 1
+
+
+if __name__ == '__main__':
+  sys.exit(main())
