@@ -38,7 +38,8 @@ bench: venv
 	$(PY) -m pax_autockpt.bench --out bench
 
 soak: venv
-	$(PYTEST) -q -s -m soak tests
+	$(PY) -m pax_autockpt.soak --cycles 30 --num_hosts 1
+	$(PY) -m pax_autockpt.soak --cycles 10 --num_hosts 2 --seed 1
 
 clean:
 	rm -rf $(VENV) *.egg-info demo_run

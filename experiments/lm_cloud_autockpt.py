@@ -69,9 +69,8 @@ class LmCloudSpmd2BContinuousAutockpt(LmCloudSpmd2BAutockpt):
   AUTOCKPT_KEEP_LATEST = 10
 
 
-@experiment_registry.register(tags=_SMOKE)
-class LmCloudSpmdTinyAutockpt(AutockptMixin, _SyntheticSpecs, lm_cloud.LmCloudSpmd):
-  """CPU-sized twin of LmCloudSpmd2BAutockpt (seq 32, vocab 128, 2 layers, dim 64) on one device."""
+class LmCloudSpmdTiny(_SyntheticSpecs, lm_cloud.LmCloudSpmd):
+  """The CPU-sized model and schedule (seq 32, vocab 128, 2 layers, dim 64), without the hook."""
 
   PERCORE_BATCH_SIZE = 4
   MAX_SEQ_LEN = 32
@@ -89,6 +88,11 @@ class LmCloudSpmdTinyAutockpt(AutockptMixin, _SyntheticSpecs, lm_cloud.LmCloudSp
     task_p = super().task()
     task_p.train.num_train_steps = self.NUM_TRAIN_STEPS
     return task_p
+
+
+@experiment_registry.register(tags=_SMOKE)
+class LmCloudSpmdTinyAutockpt(AutockptMixin, LmCloudSpmdTiny):
+  """CPU-sized twin of LmCloudSpmd2BAutockpt on one device: 2000 steps, a save every 500."""
 
 
 @experiment_registry.register(tags=_SMOKE)

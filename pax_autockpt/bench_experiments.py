@@ -5,30 +5,15 @@ AutockptMixin, for stock paxml/main.py; the others carry the hook.
 """
 
 from paxml import experiment_registry
-from paxml.tasks.lm.params import lm_cloud
 
 from experiments import lm_cloud_autockpt as exps
 from pax_autockpt.experiment import AutockptMixin
 
 
-class _Tiny(exps._SyntheticSpecs, lm_cloud.LmCloudSpmd):  # pylint: disable=protected-access
-  """LmCloudSpmdTinyAutockpt's model and schedule, without the hook."""
+class _Tiny(exps.LmCloudSpmdTiny):
+  """LmCloudSpmdTinyAutockpt's model without the hook, on a schedule longer than any bench run."""
 
-  PERCORE_BATCH_SIZE = exps.LmCloudSpmdTinyAutockpt.PERCORE_BATCH_SIZE
-  MAX_SEQ_LEN = exps.LmCloudSpmdTinyAutockpt.MAX_SEQ_LEN
-  VOCAB_SIZE = exps.LmCloudSpmdTinyAutockpt.VOCAB_SIZE
-  NUM_LAYERS = exps.LmCloudSpmdTinyAutockpt.NUM_LAYERS
-  MODEL_DIMS = exps.LmCloudSpmdTinyAutockpt.MODEL_DIMS
-  HIDDEN_DIMS = exps.LmCloudSpmdTinyAutockpt.HIDDEN_DIMS
-  DIMS_PER_HEAD = exps.LmCloudSpmdTinyAutockpt.DIMS_PER_HEAD
-  ICI_MESH_SHAPE = [1, 1, 1]
-  CHECKPOINT_EVERY_N_STEPS = 500
   NUM_TRAIN_STEPS = 1_000_000
-
-  def task(self):
-    task_p = super().task()
-    task_p.train.num_train_steps = self.NUM_TRAIN_STEPS
-    return task_p
 
 
 @experiment_registry.register

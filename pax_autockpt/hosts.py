@@ -121,13 +121,7 @@ def _multislice(env, port, metadata_host) -> Wiring:
     present = [name for name in _MEGASCALE if name in env]
     raise WiringError(f'{"/".join(present)} is set but {"/".join(missing)} is not: set all of '
                       f'{", ".join(_MEGASCALE)} for a multislice job, or none of them')
-  num_slices = _env_int(env, 'MEGASCALE_NUM_SLICES')
-  if num_slices < 1:
-    raise WiringError(f'MEGASCALE_NUM_SLICES={num_slices} is invalid: it must be >= 1')
-  slice_id = _env_int(env, 'MEGASCALE_SLICE_ID')
-  if not 0 <= slice_id < num_slices:
-    raise WiringError(f'MEGASCALE_SLICE_ID={slice_id} is out of range for MEGASCALE_NUM_SLICES={num_slices}: '
-                      f'it must be 0..{num_slices - 1}')
+  slice_id, num_slices = _index_in_count(env, 'MEGASCALE_SLICE_ID', 'MEGASCALE_NUM_SLICES')
   # Any port there belongs to the megascale service, not to jax.distributed.
   coordinator = _addr_host('MEGASCALE_COORDINATOR_ADDRESS', env['MEGASCALE_COORDINATOR_ADDRESS'])
   worker = _tpu_worker(env, metadata_host)
@@ -213,13 +207,7 @@ def _slurm(env, port) -> Wiring:
   if missing:
     raise WiringError(f'SLURM_PROCID is set but {"/".join(missing)} is not: run under srun (one task per host), '
                       'or ' + _EXPLICIT_FIX)
-  num_tasks = _env_int(env, 'SLURM_NTASKS')
-  if num_tasks < 1:
-    raise WiringError(f'SLURM_NTASKS={num_tasks} is invalid: it must be >= 1')
-  proc_id = _env_int(env, 'SLURM_PROCID')
-  if not 0 <= proc_id < num_tasks:
-    raise WiringError(f'SLURM_PROCID={proc_id} is out of range for SLURM_NTASKS={num_tasks}: '
-                      f'it must be 0..{num_tasks - 1}')
+  proc_id, num_tasks = _index_in_count(env, 'SLURM_PROCID', 'SLURM_NTASKS')
   host = _first_slurm_host(nodelist_name, env[nodelist_name])
   return Wiring(proc_id, num_tasks, _join(host, port), 'slurm')
 
@@ -307,6 +295,18 @@ def _host_list(name: str, value: str) -> list[str]:
   if not value.strip() or not all(hosts):
     raise WiringError(f'{name}={value!r} has an empty entry: use comma-separated hosts, e.g. 10.0.0.2,10.0.0.3')
   return hosts
+
+
+def _index_in_count(env, index_name: str, count_name: str) -> tuple[int, int]:
+  """(index, count) from two environment variables: count >= 1 and 0 <= index < count."""
+  count = _env_int(env, count_name)
+  if count < 1:
+    raise WiringError(f'{count_name}={count} is invalid: it must be >= 1')
+  index = _env_int(env, index_name)
+  if not 0 <= index < count:
+    raise WiringError(f'{index_name}={index} is out of range for {count_name}={count}: '
+                      f'it must be 0..{count - 1}')
+  return index, count
 
 
 def _env_int(env, name: str) -> int:

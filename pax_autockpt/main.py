@@ -8,14 +8,19 @@ defaulting to true, --host_idx/--num_hosts/--server_addr derived when not given 
 and the --autockpt_* flags below.
 """
 
-# Before the heavy imports below (~7 s): a SIGTERM from now on is recorded, not fatal.
-from pax_autockpt import signals  # pylint: disable=g-bad-import-order
+# Before the heavy imports below (~7 s): a SIGTERM from now on is recorded, not fatal, and the
+# checks that need no paxml fail fast.
+import sys  # pylint: disable=g-bad-import-order
+
+from pax_autockpt import precheck
+from pax_autockpt import signals
 
 signals.install()
+if __name__ == '__main__':
+  precheck.run(sys.argv)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import os
-import sys
 
 from absl import app
 from absl import flags
@@ -42,13 +47,7 @@ flags.DEFINE_float('autockpt_keep_every_secs', None,
 flags.DEFINE_bool('autockpt_print_wiring', False,
                   'Print the resolved host_idx/num_hosts/server_addr line and exit 0.')
 
-CONFIG_ERROR_EXIT = 2
-
-
-def _fail(message: str) -> None:
-  """Bad input: one line on stderr, exit 2, before anything is written."""
-  print(f'error: {message}', file=sys.stderr, flush=True)
-  sys.exit(CONFIG_ERROR_EXIT)
+_fail = precheck.fail
 
 
 def _resolve_wiring() -> hosts.Wiring:

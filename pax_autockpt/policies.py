@@ -139,6 +139,15 @@ class LatestN:
     return [i >= cut for i in range(len(checkpoints))]
 
 
+def _spaced(values: Sequence[float], gap: float) -> list[bool]:
+  """Keeps the first value, then each one at least `gap` after the last one kept."""
+  keep, last = [], None
+  for v in values:
+    keep.append(last is None or v - last >= gap)
+    last = v if keep[-1] else last
+  return keep
+
+
 @dataclasses.dataclass(frozen=True)
 class EveryNSeconds:
   """Keep the oldest, then each one at least `interval_secs` after the last one kept."""
@@ -147,12 +156,7 @@ class EveryNSeconds:
 
   def should_preserve(self, checkpoints, *, context):
     del context
-    keep, last = [], None
-    for info in checkpoints:
-      kept = last is None or info.time - last >= self.interval_secs
-      keep.append(kept)
-      last = info.time if kept else last
-    return keep
+    return _spaced([c.time for c in checkpoints], self.interval_secs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,12 +170,7 @@ class EveryNSteps:
     del context
     if self.exact_interval:
       return [c.step % self.interval_steps == 0 for c in checkpoints]
-    keep, last = [], None
-    for info in checkpoints:
-      kept = last is None or info.step - last >= self.interval_steps
-      keep.append(kept)
-      last = info.step if kept else last
-    return keep
+    return _spaced([c.step for c in checkpoints], self.interval_steps)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -89,7 +89,13 @@ def _apply_flag_precedence(values: dict[str, Any], origin: dict[str, str]) -> No
 
 
 def validate(s: Settings, origin: dict[str, str]) -> None:
-  """Raises ConfigError for the first invalid value, naming where it came from."""
+  """Raises ConfigError for the first invalid value or combination, naming where it came from."""
+  validate_values(s, origin)
+  _validate_combinations(s, origin)
+
+
+def validate_values(s: Settings, origin: dict[str, str]) -> None:
+  """Each value on its own (what a command line alone can get wrong)."""
 
   def bad(field, rule):
     value = getattr(s, field)
@@ -109,6 +115,13 @@ def validate(s: Settings, origin: dict[str, str]) -> None:
     bad('keep_latest', 'use an integer N >= 1, or None to keep what Pax keeps')
   if s.keep_every_secs is not None and (not is_number(s.keep_every_secs) or s.keep_every_secs <= 0):
     bad('keep_every_secs', 'use a number of seconds > 0, or None')
+
+
+def _validate_combinations(s: Settings, origin: dict[str, str]) -> None:
+
+  def bad(field, rule):
+    raise ConfigError(f'{origin[field]}={getattr(s, field)!r} is invalid: {rule}')
+
   if s.min_interval_secs and not s.continuous and s.save_policy is None:
     bad('min_interval_secs', 'it only applies to continuous checkpointing: also set '
         'AUTOCKPT_CONTINUOUS = True (or --autockpt_continuous)')

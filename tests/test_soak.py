@@ -1,0 +1,26 @@
+"""The CI version of `make soak`: 5 chaos cycles on one host, then a run to the target step."""
+
+import pytest
+
+from pax_autockpt import soak
+
+pytestmark = pytest.mark.e2e
+
+def test_five_chaos_cycles_lose_nothing_they_must_not(tmp_path):
+  tally = soak.run(cycles=5, num_hosts=1, workdir=str(tmp_path), seed=7,
+                   exp='experiments.lm_cloud_autockpt.LmCloudSpmdTinyAutockpt', target_step=2000)
+  print(f'[soak] {tally}')
+  assert tally.failures == []
+  assert tally.cycles >= 5 and tally.sigterm + tally.sigkill == tally.cycles
+  assert tally.final_step == 2000
+  assert tally.max_lost <= 500
+
+def test_checks_catch_a_lost_sigterm():
+  """The soak's own check must be able to fail: a SIGTERM exit followed by an older restore."""
+  tally = soak.Tally()
+  prev = [{'event': 'start', 'restored_step': 0}, {'event': 'preemption', 'step': 321},
+          {'event': 'exit', 'code': 143, 'step': 321}]
+  run = [{'event': 'start', 'restored_step': 0}]
+  soak._check(tally, 1, prev, run, committed_before={0, 321}, interval=500)  # pylint: disable=protected-access
+  assert any('restored 0, newest committed was 321' in f for f in tally.failures)
+  assert any('SIGTERM exit lost 321 steps' in f for f in tally.failures)
