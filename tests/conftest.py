@@ -32,12 +32,13 @@ def events_of(job_log_dir, kind: str, host: int = 0) -> list[dict]:
 def tb_scalars(job_log_dir) -> dict[str, list[tuple[int, float]]]:
   """The autockpt TensorBoard scalars: tag -> [(step, value)], read with TensorBoard's own reader."""
   from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
   acc = event_accumulator.EventAccumulator(os.path.join(job_log_dir, 'summaries', 'autockpt'),
                                            size_guidance={event_accumulator.TENSORS: 0})
   acc.Reload()
   out = {}
   for tag in acc.Tags()['tensors']:
-    out[tag] = [(e.step, float(event_accumulator.tensor_util.make_ndarray(e.tensor_proto)))
+    out[tag] = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
                 for e in acc.Tensors(tag)]
   return out
 
