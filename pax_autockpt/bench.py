@@ -7,7 +7,8 @@ Writes bench/results.md and bench/results.json. Scenarios:
   (c) step time with continuous checkpointing and with Pax's fixed interval, against checkpointing off;
       P50/P90 checkpoint interval in steps and seconds;
   (d) restart-to-first-step against a fresh start;
-  (e) per-step cost of the hook when nothing is saved: ours / stock with saving off.
+  (e) per-step cost of the hook when nothing is saved: ours / stock with saving off;
+  (f) per-step cost of the multi-host save decision (2 hosts) when nothing is saved.
 """
 
 import argparse
@@ -173,6 +174,37 @@ def scenario_e(workdir, secs, port):
               per_step_cost_ms=(ours - stock) * 1e3)
 
 
+def _launch_timed(workdir, name, secs, *flags):
+  """2 local hosts through the launcher; mean step time on host 0 after warm-up."""
+  job_dir = os.path.join(workdir, name)
+  argv = [sys.executable, '-m', 'pax_autockpt.cli', 'launch', '--num_hosts=2', '--',
+          f'--exp={_B}TinyMultisliceRareSaves', f'--job_log_dir={job_dir}', *flags]
+  job = process.Job(argv, os.path.join(workdir, f'{name}.log'))
+  host0 = os.path.join(job_dir, 'autockpt', 'host0.log')
+  try:
+    deadline = time.time() + 600
+    while not (os.path.exists(host0) and 'Step `3` completed' in open(host0, errors='replace').read()):
+      if time.time() > deadline or job.proc.poll() is not None:
+        raise RuntimeError(f'{name} did not start training: {job.log()[-2000:]}')
+      time.sleep(0.5)
+    time.sleep(secs)
+  finally:
+    job.kill()
+  return mean_step_secs(open(host0, errors='replace').read())
+
+
+def scenario_f(workdir, secs):
+  """Per-step cost of the multi-host save decision (primary decides, key-value store) when
+  nothing is saved: continuous with an unreachable minimum interval vs Pax's (never due) interval."""
+  local = _launch_timed(workdir, 'f_pax_interval', secs)
+  agreed = _launch_timed(workdir, 'f_agreed', secs, '--autockpt_continuous',
+                         '--autockpt_min_interval_secs=1e9')
+  _say(f'(f) 2 hosts, nothing saved: Pax interval {local * 1e3:.2f} ms/step, primary-decides '
+       f'{agreed * 1e3:.2f} ms/step')
+  return dict(step_s_local_decision=local, step_s_agreed_decision=agreed,
+              ratio_agreed_vs_local=agreed / local, per_step_cost_ms=(agreed - local) * 1e3)
+
+
 def to_markdown(res):
   a = res.get('a_b', [])
   lines = ['# pax-autockpt benchmark', '', f'Machine: {res["machine"]}. Each ratio is against a baseline '
@@ -208,13 +240,19 @@ def to_markdown(res):
     lines += ['## (e) per-step cost of the hook when nothing is saved', '',
               f'- ours {e["step_s_ours"] * 1e3:.3f} ms, stock {e["step_s_stock"] * 1e3:.3f} ms, '
               f'ratio {e["ratio_ours_vs_stock"]:.3f} ({e["per_step_cost_ms"]:+.3f} ms/step)', '']
+  if 'f' in res:
+    f = res['f']
+    lines += ['## (f) per-step cost of the multi-host save decision when nothing is saved (2 hosts)', '',
+              f'- Pax interval (local decision) {f["step_s_local_decision"] * 1e3:.2f} ms, primary decides '
+              f'via the key-value store {f["step_s_agreed_decision"] * 1e3:.2f} ms, ratio '
+              f'{f["ratio_agreed_vs_local"]:.3f} ({f["per_step_cost_ms"]:+.3f} ms/step)', '']
   return '\n'.join(lines)
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(prog='python -m pax_autockpt.bench', description=__doc__)
   parser.add_argument('--out', default='bench')
-  parser.add_argument('--only', default='abcde', help='scenarios to run, e.g. "ce"')
+  parser.add_argument('--only', default='abcdef', help='scenarios to run, e.g. "ce"')
   parser.add_argument('--secs', type=float, default=30.0, help='training seconds per timed run')
   parser.add_argument('--sizes', default='Medium,Large')
   args = parser.parse_args(argv)
@@ -231,6 +269,8 @@ def main(argv=None):
       res['d'] = scenario_d(workdir)
     if 'e' in args.only:
       res['e'] = scenario_e(workdir, args.secs, port + 1)
+    if 'f' in args.only:
+      res['f'] = scenario_f(workdir, args.secs)
   finally:
     shutil.rmtree(workdir, ignore_errors=True)
   with open(os.path.join(args.out, 'results.json'), 'w') as f:

@@ -63,3 +63,11 @@ class LargeStock(_Large):
 @experiment_registry.register
 class LargeAutockpt(AutockptMixin, _Large):
   pass
+
+
+@experiment_registry.register
+class TinyMultisliceRareSaves(exps.LmCloudSpmdTinyMultisliceAutockpt):
+  """2 local hosts x 1 device, DCN [2, 1, 1]; Pax's interval never comes (only the initial save)."""
+
+  NUM_TRAIN_STEPS = 1_000_000
+  CHECKPOINT_EVERY_N_STEPS = 10**9

@@ -22,6 +22,10 @@ from pax_autockpt import summaries as summaries_lib
 _COMPLETE = re.compile(r'^checkpoint_(\d{8})$')  # orbax writes a tmp name and renames on commit
 
 
+def _one_line(error: BaseException) -> str:
+  return f'{type(error).__name__}: {error}'.splitlines()[0][:300]
+
+
 def step_dir(checkpoint_dir: epath.Path, step: int) -> epath.Path:
   """Pax's own layout: checkpoint_%08d."""
   return checkpoint_dir / f'checkpoint_{step:08d}'
@@ -99,7 +103,7 @@ class AutockptCheckpointer:
       except Exception as e:  # pylint: disable=broad-except
         if step is None:
           raise
-        self._skip_unrestorable(step, f'{type(e).__name__}: {e}'.splitlines()[0][:300])
+        self._skip_unrestorable(step, _one_line(e))
 
   def _skip_unrestorable(self, step: int, error: str) -> None:
     """Moves the checkpoint aside (never deletes it) and points Pax at the next newest one."""
@@ -135,9 +139,9 @@ class AutockptCheckpointer:
       self._save(step_i, 'final', state)
 
   def wait_until_finished(self):
-    self._inner.wait_until_finished()
     for t in self._watchers:
       t.join()
+    self._inner.wait_until_finished()
 
   def _latest_step(self) -> int | None:
     return self._pax_manager.latest_step()
@@ -170,11 +174,21 @@ class AutockptCheckpointer:
   def _save(self, step: int, reason: str, state: dict[str, Any]) -> None:
     """Starts a save now (Pax's forced save); the loop is blocked only until it is under way."""
     start = time.time()
+    self._settle()  # a failed previous save must not fail this one (orbax raises it here otherwise)
     with self._lock:
       self._in_flight = step
       self._times[step] = start
       self._history.append(policies.CheckpointInfo(step, start))
-    self._inner.save_final(step, **state)
+    try:
+      self._inner.save_final(step, **state)
+    except Exception as e:  # pylint: disable=broad-except
+      # E.g. no space for the temporary directory: this save is lost, training and the newer saves go on.
+      logging.error('[autockpt] %s save of step %d failed to start (%s); the newest committed checkpoint '
+                    'is %s.', reason, step, _one_line(e), self._newest_committed())
+      self._settle()
+      with self._lock:
+        self._in_flight = None
+      return
     blocking = time.time() - start
     self._events.write('save_started', t=start, step=step, reason=reason, blocking_s=round(blocking, 6))
     self._summaries.started(step, start, blocking)
@@ -188,7 +202,9 @@ class AutockptCheckpointer:
 
     def watch():
       if finalize is not None:
-        finalize.join()
+        # threading.Thread.join, not orbax's join(): that one raises the commit error and clears it,
+        # and orbax must still see it to drop the failed step from its list.
+        threading.Thread.join(finalize)
       if step_dir(self.checkpoint_dir, step).exists():
         duration = time.time() - start
         self._events.write('save_committed', step=step, duration_s=round(duration, 6))
@@ -196,8 +212,10 @@ class AutockptCheckpointer:
         if self._preservation is not None and self._events.host == 0:
           self._preserve()
       else:
-        logging.error('[autockpt] save of step %d did not commit: %s is missing.', step,
-                      step_dir(self.checkpoint_dir, step))
+        error = getattr(finalize, 'exception', None)
+        logging.error('[autockpt] save of step %d failed to commit (%s); the newest committed '
+                      'checkpoint is %s.', step, _one_line(error) if error else 'no directory',
+                      self._newest_committed())
       with self._lock:
         if self._in_flight == step:
           self._in_flight = None
@@ -205,6 +223,25 @@ class AutockptCheckpointer:
     watcher = threading.Thread(target=watch, name=f'autockpt-commit-{step}', daemon=True)
     watcher.start()
     self._watchers = [t for t in self._watchers if t.is_alive()] + [watcher]
+
+  def _newest_committed(self) -> int | None:
+    steps = complete_steps(self.checkpoint_dir)
+    return steps[-1] if steps else None
+
+  def _settle(self) -> None:
+    """Waits for the save in flight; a failed one is dropped (orbax forgets it, its tmp dir goes)."""
+    try:
+      self.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      failed = self._last_started()
+      # Kept in the decision history: a failed attempt still counts for the minimum interval.
+      logging.info('[autockpt] dropping the failed save of step %s: %s', failed, _one_line(e))
+      if self._events.host == 0 and failed is not None:
+        for leftover in self.checkpoint_dir.glob(f'{step_dir(self.checkpoint_dir, failed).name}.*'):
+          leftover.rmtree()  # never committed, so nothing is lost; it would only take the space
+
+  def _last_started(self) -> int | None:
+    return self._history[-1].step if self._history else None
 
   def _preserve(self) -> None:
     """Deletes what the preservation policy does not keep (primary host, after a commit)."""
@@ -235,9 +272,10 @@ class AutockptCheckpointer:
       self._save(step, 'preemption', state)
     if not self._exit_after_ondemand:
       return
-    self.wait_until_finished()
+    self._settle()
     if self._saving and not step_dir(self.checkpoint_dir, step).exists():
-      logging.error('[autockpt] On-demand checkpoint of step %d failed to commit; exiting 1.', step)
+      logging.error('[autockpt] On-demand checkpoint of step %d failed to commit; the newest committed '
+                    'checkpoint is %s; exiting 1.', step, self._newest_committed())
       self._events.write('exit', code=1, step=step)
       sys.exit(1)
     code = self._settings.exit_code

@@ -6,6 +6,7 @@ import threading
 import time
 from typing import Any
 
+from absl import logging
 from etils import epath
 
 
@@ -51,13 +52,17 @@ class EventLog:
     record = {'t': time.time() if t is None else t, 'host': self.host, 'event': event, **fields}
     line = json.dumps(record, sort_keys=False)
     with self._lock:
-      if self._local:
-        # One write() of a whole line, then fsync: a SIGKILL leaves at most a torn last line.
-        with open(self.path, 'a') as f:
-          f.write(line + '\n')
-          f.flush()
-          os.fsync(f.fileno())
-      else:
-        self._lines.append(line)
-        self.path.write_text('\n'.join(self._lines) + '\n')
+      try:
+        if self._local:
+          # One write() of a whole line, then fsync: a SIGKILL leaves at most a torn last line.
+          with open(self.path, 'a') as f:
+            f.write(line + '\n')
+            f.flush()
+            os.fsync(f.fileno())
+        else:
+          self._lines.append(line)
+          self.path.write_text('\n'.join(self._lines) + '\n')
+      except OSError as e:
+        # The log must never stop training (e.g. a full disk): the event is lost, said once here.
+        logging.warning('[autockpt] could not write the %s event to %s: %s', event, self.path, e)
     return record
