@@ -91,7 +91,13 @@ class AutockptCheckpointer:
     return self._preemption.is_agreed(step)
 
   def get_model_states(self, partitioner, metadata, root_prng_key, train_input_pipeline=None):
-    """Pax's restore, falling back to the next newest complete checkpoint when one is damaged."""
+    """Pax's restore, falling back to the next newest complete checkpoint when one is damaged.
+
+    A checkpoint that looks whole but fails to restore may be damaged (a truncated file) or may not
+    fit the model any more (a changed config). The first such failure is passed over; a second one
+    in a row stops the run instead of moving every checkpoint aside.
+    """
+    failed_whole = None
     while True:
       step = self._inner.step_to_restore
       found = integrity.problems(step_dir(self.checkpoint_dir, step)) if step is not None else []
@@ -103,6 +109,12 @@ class AutockptCheckpointer:
       except Exception as e:  # pylint: disable=broad-except
         if step is None:
           raise
+        if failed_whole is not None:
+          logging.error('[autockpt] checkpoints %d and %d both fail to restore (%s): the model or its '
+                        'config probably changed; stopping, nothing more moved aside.', failed_whole,
+                        step, _one_line(e))
+          raise
+        failed_whole = step
         self._skip_unrestorable(step, _one_line(e))
 
   def _skip_unrestorable(self, step: int, error: str) -> None:
