@@ -179,6 +179,7 @@ def main(argv=None):
   exp = ('experiments.lm_cloud_autockpt.LmCloudSpmdTinyAutockpt' if args.num_hosts == 1 else
          'experiments.lm_cloud_autockpt.LmCloudSpmdTinyMultisliceAutockpt')
   workdir = args.workdir or tempfile.mkdtemp(prefix='autockpt-soak-')
+  os.makedirs(workdir, exist_ok=True)
   start = time.time()
   tally = run(args.cycles, args.num_hosts, workdir, args.seed, exp, target_step=2000)
   summary = dataclasses.asdict(tally) | {'num_hosts': args.num_hosts, 'secs': round(time.time() - start)}
