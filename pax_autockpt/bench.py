@@ -8,7 +8,10 @@ Writes bench/results.md and bench/results.json. Scenarios:
       P50/P90 checkpoint interval in steps and seconds;
   (d) restart-to-first-step against a fresh start;
   (e) per-step cost of the hook when nothing is saved: ours / stock with saving off;
-  (f) per-step cost of the multi-host save decision (2 hosts) when nothing is saved.
+  (f) per-step cost of the multi-host save decision (2 hosts) when nothing is saved;
+  (g) the save path, before/after: Pax's default zarr layout (a directory and files per array) vs
+      OCDBT (pax_autockpt.main's default): loop blocking per continuous save of the tiny state, and
+      the on-demand save of the ~50M-parameter state against the raw write.
 """
 
 import argparse
@@ -226,6 +229,43 @@ def _f(x):
   return 'n/a' if x is None else f'{x:.2f}'
 
 
+def _continuous_saves(workdir, name, secs, *flags):
+  """Median loop blocking and start -> commit of back-to-back saves of the tiny state."""
+  base = _base(process.ours_argv(f'{_B}TinyAutockpt', ''))
+  _, job_dir = timed_run([*base, '--autockpt_continuous', '--autockpt_keep_latest=3', *flags],
+                         workdir, name, secs)
+  evs = process.read_events(job_dir)[3:]  # past the first saves' compilation and warm-up
+  blocking = [e['blocking_s'] for e in evs if e.get('event') == 'save_started']
+  duration = [e['duration_s'] for e in evs if e.get('event') == 'save_committed']
+  return dict(saves=len(blocking), blocking_s_p50=statistics.median(blocking),
+              duration_s_p50=statistics.median(duration))
+
+
+def scenario_g(workdir, secs, size):
+  zarr_flag = '--tensorstore_use_ocdbt=false'
+  zarr = _continuous_saves(workdir, 'g_zarr', secs, zarr_flag)
+  ocdbt = _continuous_saves(workdir, 'g_ocdbt', secs)
+  out = dict(tiny_zarr=zarr, tiny_ocdbt=ocdbt,
+             ratio_blocking_ocdbt_vs_zarr=ocdbt['blocking_s_p50'] / zarr['blocking_s_p50'],
+             ratio_duration_ocdbt_vs_zarr=ocdbt['duration_s_p50'] / zarr['duration_s_p50'])
+  _say(f'(g) tiny state, per save: zarr blocks {zarr["blocking_s_p50"] * 1e3:.1f} ms, OCDBT '
+       f'{ocdbt["blocking_s_p50"] * 1e3:.1f} ms')
+  for fmt, flags in (('zarr', (zarr_flag,)), ('ocdbt', ())):
+    argv = _base(process.ours_argv(f'{_B}{size}Autockpt', '', *flags))
+    _, _, job_dir = preempt_once(argv, workdir, f'g_{size}_{fmt}')
+    ckpt = os.path.join(job_dir, 'checkpoints')
+    nbytes = _dir_bytes(os.path.join(ckpt, sorted(os.listdir(ckpt))[-1]))
+    raw = raw_write_secs(workdir, nbytes)
+    save = _preemption_save(job_dir)
+    out[f'{size}_{fmt}'] = dict(bytes=nbytes, save_s=save.get('duration_s'),
+                                blocking_s=save.get('blocking_s'), raw_write_fsync_s=raw,
+                                ratio_save_vs_raw=(save.get('duration_s') or float('nan')) / raw)
+    _say(f'(g) {size} on-demand save, {fmt}: {save.get("duration_s")} s for {nbytes / 1e6:.0f} MB, raw '
+         f'write {raw:.2f} s')
+    shutil.rmtree(job_dir, ignore_errors=True)
+  return out
+
+
 def to_markdown(res):
   a = res.get('a_b', [])
   lines = ['# pax-autockpt benchmark', '', f'Machine: {res["machine"]}. Each ratio is against a baseline '
@@ -271,13 +311,27 @@ def to_markdown(res):
               f'- Pax interval (local decision) {f["step_s_local_decision"] * 1e3:.2f} ms, primary decides '
               f'via the key-value store {f["step_s_agreed_decision"] * 1e3:.2f} ms, ratio '
               f'{f["ratio_agreed_vs_local"]:.3f} ({f["per_step_cost_ms"]:+.3f} ms/step)', '']
+  if 'g' in res:
+    g = res['g']
+    z, o = g['tiny_zarr'], g['tiny_ocdbt']
+    lines += ['## (g) save path before/after: zarr (Pax default) vs OCDBT (pax_autockpt.main default)', '',
+              f'- tiny state, back-to-back saves: loop blocked per save P50 zarr '
+              f'{z["blocking_s_p50"] * 1e3:.1f} ms, OCDBT {o["blocking_s_p50"] * 1e3:.1f} ms (ratio '
+              f'{g["ratio_blocking_ocdbt_vs_zarr"]:.2f}); start -> commit P50 zarr {z["duration_s_p50"] * 1e3:.1f} '
+              f'ms, OCDBT {o["duration_s_p50"] * 1e3:.1f} ms (ratio {g["ratio_duration_ocdbt_vs_zarr"]:.2f}); '
+              f'saves in the same time: {z["saves"]} vs {o["saves"]}']
+    for key in sorted(k for k in g if k.endswith(('_zarr', '_ocdbt')) and not k.startswith('tiny')):
+      r = g[key]
+      lines.append(f'- {key}: on-demand save {_f(r["save_s"])} s for {r["bytes"] / 1e6:.0f} MB, raw write + '
+                   f'fsync {r["raw_write_fsync_s"]:.2f} s, save/raw {_f(r["ratio_save_vs_raw"])}')
+    lines.append('')
   return '\n'.join(lines)
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(prog='python -m pax_autockpt.bench', description=__doc__)
   parser.add_argument('--out', default='bench')
-  parser.add_argument('--only', default='abcdef', help='scenarios to run, e.g. "ce"')
+  parser.add_argument('--only', default='abcdefg', help='scenarios to run, e.g. "ce"')
   parser.add_argument('--secs', type=float, default=30.0, help='training seconds per timed run')
   parser.add_argument('--sizes', default='Medium,Large')
   args = parser.parse_args(argv)
@@ -296,6 +350,8 @@ def main(argv=None):
       res['e'] = scenario_e(workdir, args.secs, port + 1)
     if 'f' in args.only:
       res['f'] = scenario_f(workdir, args.secs)
+    if 'g' in args.only:
+      res['g'] = scenario_g(workdir, min(args.secs, 20.0), args.sizes.split(',')[0])
   finally:
     shutil.rmtree(workdir, ignore_errors=True)
   with open(os.path.join(args.out, 'results.json'), 'w') as f:

@@ -9,6 +9,7 @@ from typing import Any
 
 from absl import logging
 from etils import epath
+import jax
 from praxis import py_utils
 
 from pax_autockpt import agreement
@@ -184,8 +185,15 @@ class AutockptCheckpointer:
     return self._agree(decide)
 
   def _save(self, step: int, reason: str, state: dict[str, Any]) -> None:
-    """Starts a save now (Pax's forced save); the loop is blocked only until it is under way."""
+    """Starts a save now (Pax's forced save); the loop is blocked only until it is under way.
+
+    The state is waited for first: with JAX's async dispatch the last step may still be computing,
+    and that wait (`wait_s`) is the step's cost, not the save's (`blocking_s`).
+    """
+    waited = time.time()
+    jax.block_until_ready(state['partitioned_train_state'])
     start = time.time()
+    waited = start - waited
     self._settle()  # a failed previous save must not fail this one (orbax raises it here otherwise)
     with self._lock:
       self._in_flight = step
@@ -202,7 +210,8 @@ class AutockptCheckpointer:
         self._in_flight = None
       return
     blocking = time.time() - start
-    self._events.write('save_started', t=start, step=step, reason=reason, blocking_s=round(blocking, 6))
+    self._events.write('save_started', t=start, step=step, reason=reason, blocking_s=round(blocking, 6),
+                       wait_s=round(waited, 6))
     self._summaries.started(step, start, blocking)
     logging.info('[autockpt] %s save of step %d started (loop blocked %.3f s).', reason, step, blocking)
     self._watch_commit(step, start)

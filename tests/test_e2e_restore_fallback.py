@@ -16,8 +16,11 @@ pytestmark = pytest.mark.e2e
 EXP = process.TINY_EXP
 
 
-def _run_and_preempt(jobs, job_dir, log) -> int:
-  job = process.Job(process.ours_argv(EXP, job_dir), log)
+ZARR = '--tensorstore_use_ocdbt=false'  # a directory and chunk files per array
+
+
+def _run_and_preempt(jobs, job_dir, log, *flags) -> int:
+  job = process.Job(process.ours_argv(EXP, job_dir, *flags), log)
   jobs.append(job)
   job.wait_for_log(r'\[PAX STATUS\]: Step `\d+` completed')
   time.sleep(random.uniform(0.5, 2.0))
@@ -32,10 +35,10 @@ def _a_chunk(job_dir, step):
 
 
 def test_missing_then_truncated_array_files_are_skipped_and_kept_aside(jobs, job_dir, tmp_path):
-  first = _run_and_preempt(jobs, job_dir, str(tmp_path / 'run1.log'))
+  first = _run_and_preempt(jobs, job_dir, str(tmp_path / 'run1.log'), ZARR)
   os.remove(_a_chunk(job_dir, first))  # tensorstore would read zeros for it: must not be restored
 
-  second = _run_and_preempt(jobs, job_dir, str(tmp_path / 'run2.log'))
+  second = _run_and_preempt(jobs, job_dir, str(tmp_path / 'run2.log'), ZARR)
   skipped = events_of(job_dir, 'restore_skipped')
   assert [e['step'] for e in skipped] == [first] and 'is missing' in skipped[0]['error']
   restored = events_of(job_dir, 'start')[-1]['restored_step']
@@ -48,10 +51,25 @@ def test_missing_then_truncated_array_files_are_skipped_and_kept_aside(jobs, job
 
   with open(_a_chunk(job_dir, second), 'r+b') as f:  # a torn write: the restore itself fails
     f.truncate(3)
-  _run_and_preempt(jobs, job_dir, str(tmp_path / 'run3.log'))
+  _run_and_preempt(jobs, job_dir, str(tmp_path / 'run3.log'), ZARR)
   skipped = events_of(job_dir, 'restore_skipped')
   assert [e['step'] for e in skipped] == [first, second]
   assert events_of(job_dir, 'start')[-1]['restored_step'] < second
   kept = sorted(os.listdir(os.path.join(job_dir, 'autockpt', 'unrestorable')))
   assert len(kept) == 2 and all(k.startswith(('checkpoint_%08d' % first, 'checkpoint_%08d' % second))
                                 for k in kept), kept
+
+
+def test_ocdbt_checkpoint_missing_a_data_file_is_skipped(jobs, job_dir, tmp_path):
+  """OCDBT (pax_autockpt.main's default): the restore itself fails on the missing file."""
+  first = _run_and_preempt(jobs, job_dir, str(tmp_path / 'run1.log'))
+  data = glob.glob(os.path.join(job_dir, 'checkpoints', f'checkpoint_{first:08d}', 'state', '**', 'd', '*'),
+                   recursive=True)
+  assert data, 'no OCDBT data files: is OCDBT still the default?'
+  os.remove(max(data, key=os.path.getsize))
+
+  _run_and_preempt(jobs, job_dir, str(tmp_path / 'run2.log'))
+  assert [e['step'] for e in events_of(job_dir, 'restore_skipped')] == [first]
+  restored = events_of(job_dir, 'start')[-1]['restored_step']
+  assert restored is not None and restored < first
+  assert os.path.isdir(os.path.join(job_dir, 'autockpt', 'unrestorable', f'checkpoint_{first:08d}'))

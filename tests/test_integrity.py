@@ -1,0 +1,52 @@
+"""integrity.problems over checkpoint directory layouts written by hand (zarr and OCDBT)."""
+
+import json
+
+from etils import epath
+
+from pax_autockpt import integrity
+
+
+def _zarr(step, name='w', shape=(4, 6), chunks=(2, 6), files=('0.0', '1.0')):
+  array = step / 'state' / name
+  array.mkdir(parents=True)
+  (array / '.zarray').write_text(json.dumps(dict(shape=shape, chunks=chunks, dimension_separator='.')))
+  for f in files:
+    (array / f).write_bytes(b'x')
+  return array
+
+
+def _ocdbt(step, db=''):
+  root = step / 'state' / db if db else step / 'state'
+  (root / 'd').mkdir(parents=True, exist_ok=True)
+  (root / 'manifest.ocdbt').write_bytes(b'm')
+  (root / 'd' / 'abc').write_bytes(b'data')
+  return root
+
+
+def test_whole_zarr_and_ocdbt_checkpoints_have_no_problems(tmp_path):
+  step = epath.Path(tmp_path)
+  _zarr(step)
+  _ocdbt(step)
+  _ocdbt(step, 'ocdbt.process_0')
+  assert integrity.problems(step) == []
+
+
+def test_missing_state_and_missing_or_empty_zarr_chunks(tmp_path):
+  step = epath.Path(tmp_path)
+  assert integrity.problems(step) == [f'{step / "state"} is missing']
+  array = _zarr(step, files=('0.0',))
+  assert integrity.problems(step) == ['w/1.0 is missing']
+  (array / '1.0').write_bytes(b'')
+  assert integrity.problems(step) == ['w/1.0 is empty']
+  (array / '.zarray').write_text('{not json')
+  assert integrity.problems(step) == ['w/.zarray is damaged (JSONDecodeError)']
+
+
+def test_ocdbt_missing_manifest_or_empty_data_file(tmp_path):
+  step = epath.Path(tmp_path)
+  db = _ocdbt(step, 'ocdbt.process_0')
+  (db / 'manifest.ocdbt').unlink()
+  (db / 'd' / 'abc').write_bytes(b'')
+  assert integrity.problems(step) == ['ocdbt.process_0/manifest.ocdbt is missing or empty',
+                                      'ocdbt.process_0/d/abc is empty']
