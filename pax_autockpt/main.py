@@ -26,6 +26,7 @@ import os
 from absl import app
 from absl import flags
 from absl import logging
+from etils import epath
 from fiddle import absl_flags
 import jax
 from paxml import main as pax_main
@@ -89,6 +90,8 @@ def _check_job_log_dir() -> None:
     os.rmdir(probe)
   except OSError as e:
     _fail(f'--job_log_dir={path} is not writable ({e.strerror}): choose a directory you can write to.')
+  # orbax refuses relative paths for OCDBT checkpoints: every save would fail.
+  FLAGS.job_log_dir = epath.Path(os.path.abspath(path))
 
 
 def main(argv):

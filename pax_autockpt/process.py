@@ -34,13 +34,15 @@ def read_events(job_log_dir: str, host: int = 0) -> list[dict]:
 class Job:
   """One process in its own session, its output in a log file."""
 
-  def __init__(self, argv: Sequence[str], log_path: str, env: dict[str, str] | None = None):
+  def __init__(self, argv: Sequence[str], log_path: str, env: dict[str, str] | None = None,
+               cwd: str | None = None):
     self.argv = list(argv)
     self.log_path = log_path
     self.started = time.time()
     with open(log_path, 'ab') as log:
       self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                                   stdin=subprocess.DEVNULL, env=env, cwd=cwd,
+                                   start_new_session=True)
 
   @property
   def pid(self) -> int:

@@ -79,8 +79,11 @@ def test_sigterm_mid_training_commits_agreed_step_exits_143_and_resumes(jobs, jo
   assert [s for s, _ in scalars['autockpt/save_duration_s']] == saved
   assert scalars['autockpt/save_interval_steps'] == [(step, float(step - saved[0]))]
 
-  # Same command again: restores N and trains to the end (Pax's final save, exit 0).
-  second = _start(jobs, process.ours_argv(EXP, job_dir), str(tmp_path / 'run2.log'))
+  # Same command again: restores N and trains to the end (Pax's final save, exit 0). The job
+  # directory given relative to the working directory (OCDBT refuses relative paths: main resolves it).
+  second = process.Job(process.ours_argv(EXP, 'job'), str(tmp_path / 'run2.log'), cwd=str(tmp_path))
+  jobs.append(second)
+  assert job_dir == str(tmp_path / 'job')
   assert second.wait(300) == 0, second.log()[-3000:]
   run = events_of_run(job_dir)
   assert run[0]['restored_step'] == step
