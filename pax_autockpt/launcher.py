@@ -6,6 +6,7 @@ processes with jaxlib 0.4.26: with 2+ devices per process Gloo's context set-up 
 are grouped into slices in host order; praxis lays jax.devices() (ordered by process) out as ICI x DCN.
 """
 
+import ctypes
 import dataclasses
 import os
 import re
@@ -22,6 +23,7 @@ from pax_autockpt import hosts
 # Console tail: the plugin's own lines and failures; everything goes to the host's log file.
 _TAIL = re.compile(r'\[autockpt\]|Traceback|[A-Z][A-Za-z]*Error\b|^error:|Fatal|Aborted')
 _FAILED = 'failed'
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,14 +85,29 @@ def host_env(cfg: LaunchConfig, host: int) -> dict[str, str]:
   return env
 
 
+def _sigterm_when_launcher_dies(launcher_pid: int):
+  """A child's pre-exec hook: if the launcher dies (even by SIGKILL), the host gets SIGTERM, so
+  it saves at the agreed step and exits instead of training on as an orphan (Linux only)."""
+
+  def hook():
+    if sys.platform.startswith('linux'):
+      ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+      if os.getppid() != launcher_pid:  # died before the hook ran
+        os.kill(os.getpid(), signal.SIGTERM)
+
+  return hook
+
+
 class _Host:
   """One child process; its output goes to its log file, plugin lines also to the console."""
 
   def __init__(self, idx: int, argv: list[str], env: dict[str, str], log_path: str):
     self.idx = idx
     self.log_path = log_path
+    # Own session: a terminal's Ctrl-C reaches the launcher only, which forwards it once.
     self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
+                                 stdin=subprocess.DEVNULL, start_new_session=True,
+                                 preexec_fn=_sigterm_when_launcher_dies(os.getpid()))
     self.pump = threading.Thread(target=self._pump, daemon=True)
     self.pump.start()
 

@@ -118,6 +118,33 @@ def test_sigkill_of_one_host_makes_the_others_exit_nonzero_within_the_bound(jobs
   assert 0 in complete  # the committed checkpoint survives
 
 
+def test_sigkill_of_the_launcher_preempts_every_host(jobs, job_dir, tmp_path):
+  """No orphans: hosts of a launcher killed by SIGKILL get SIGTERM, save the same step, exit 143."""
+  job = _launch(jobs, job_dir, str(tmp_path / 'launch.log'), 2)
+  _wait_training(job_dir, 1, job)
+  job.send(signal.SIGKILL)  # the launcher only, not its hosts
+  job.wait(30)
+  deadline = time.time() + 120
+  while time.time() < deadline and not all(
+      any(e['event'] == 'exit' for e in process.read_events(job_dir, h)) for h in range(2)):
+    time.sleep(0.2)
+  _assert_all_preempted_at_same_step(job_dir, 2, restored=None)
+  for host in range(2):  # gone (or a zombie waiting for init to reap it)
+    pid = process.read_events(job_dir, host)[0]['pid']
+    deadline = time.time() + 30
+    while time.time() < deadline and _alive(pid):
+      time.sleep(0.2)
+    assert not _alive(pid), f'host {host} (pid {pid}) outlived its launcher'
+
+
+def _alive(pid):
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+  except FileNotFoundError:
+    return False
+
+
 def test_four_hosts_in_two_slices_preempted_and_resumed(jobs, job_dir, tmp_path):
   first = _launch(jobs, job_dir, str(tmp_path / 'launch1.log'), 4, '--num_slices=2')
   _wait_training(job_dir, 3, first)
