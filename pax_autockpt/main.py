@@ -3,10 +3,9 @@
   python -m pax_autockpt.main --exp=experiments.lm_cloud_autockpt.LmCloudSpmdTinyAutockpt \
       --job_log_dir=/tmp/job
 
-Same flags as paxml/main.py, with --jax_fully_async_checkpoint, --exit_after_ondemand_checkpoint and
---tensorstore_use_ocdbt defaulting to true (OCDBT: about a quarter less loop blocking per save,
-bench (g)), --host_idx/--num_hosts/--server_addr derived when not given (pax_autockpt.hosts), and the
---autockpt_* flags below.
+Same flags as paxml/main.py, with --jax_fully_async_checkpoint and --exit_after_ondemand_checkpoint
+defaulting to true, --host_idx/--num_hosts/--server_addr derived when not given (pax_autockpt.hosts),
+and the --autockpt_* flags below.
 """
 
 # Before the heavy imports below (~7 s): a SIGTERM from now on is recorded, not fatal, and the
@@ -116,9 +115,6 @@ def main(argv):
 def run() -> None:
   FLAGS.set_default('jax_fully_async_checkpoint', True)
   FLAGS.set_default('exit_after_ondemand_checkpoint', True)
-  # One key-value database per checkpoint instead of a directory and files per array: fewer file
-  # operations while the loop waits. Restores read either format.
-  FLAGS.set_default('tensorstore_use_ocdbt', True)
   jax.config.config_with_absl()  # as paxml/main.py: --jax_* flags on the command line
   app.run(main, flags_parser=absl_flags.flags_parser)
 

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.e2e
 EXP = process.TINY_EXP
 
 
-ZARR = '--tensorstore_use_ocdbt=false'  # a directory and chunk files per array
+ZARR = '--tensorstore_use_ocdbt=false'  # Pax's default: a directory and chunk files per array
+OCDBT = '--tensorstore_use_ocdbt'  # one key-value database per checkpoint
 
 
 def _run_and_preempt(jobs, job_dir, log, *flags) -> int:
@@ -61,14 +62,14 @@ def test_missing_then_truncated_array_files_are_skipped_and_kept_aside(jobs, job
 
 
 def test_ocdbt_checkpoint_missing_a_data_file_is_skipped(jobs, job_dir, tmp_path):
-  """OCDBT (pax_autockpt.main's default): the restore itself fails on the missing file."""
-  first = _run_and_preempt(jobs, job_dir, str(tmp_path / 'run1.log'))
+  """OCDBT: no silent zeros there, the restore itself fails on the missing file."""
+  first = _run_and_preempt(jobs, job_dir, str(tmp_path / 'run1.log'), OCDBT)
   data = glob.glob(os.path.join(job_dir, 'checkpoints', f'checkpoint_{first:08d}', 'state', '**', 'd', '*'),
                    recursive=True)
-  assert data, 'no OCDBT data files: is OCDBT still the default?'
+  assert data, 'no OCDBT data files'
   os.remove(max(data, key=os.path.getsize))
 
-  _run_and_preempt(jobs, job_dir, str(tmp_path / 'run2.log'))
+  _run_and_preempt(jobs, job_dir, str(tmp_path / 'run2.log'), OCDBT)
   assert [e['step'] for e in events_of(job_dir, 'restore_skipped')] == [first]
   restored = events_of(job_dir, 'start')[-1]['restored_step']
   assert restored is not None and restored < first
