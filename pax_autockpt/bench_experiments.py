@@ -1,4 +1,4 @@
-"""Experiments for `make bench` only: stock baselines (no hook) and larger CPU states.
+"""Experiments for `make bench` and `make soak` only: stock baselines (no hook) and larger CPU states.
 
 `--exp=pax_autockpt.bench_experiments.<Name>`. The `*Stock` classes are the same models without
 AutockptMixin, for stock paxml/main.py; the others carry the hook.
@@ -71,3 +71,18 @@ class TinyMultisliceRareSaves(exps.LmCloudSpmdTinyMultisliceAutockpt):
 
   NUM_TRAIN_STEPS = 1_000_000
   CHECKPOINT_EVERY_N_STEPS = 10**9
+
+
+@experiment_registry.register
+class TinySoakAutockpt(exps.LmCloudSpmdTinyAutockpt):
+  """The tiny model with a schedule that 30 chaos cycles do not finish before the last one."""
+
+  NUM_TRAIN_STEPS = 12_000
+
+
+@experiment_registry.register
+class TinyMultisliceSoakAutockpt(exps.LmCloudSpmdTinyMultisliceAutockpt):
+  """2 local hosts train ~20 steps/s: saves every 100 steps so that a cycle can hit one."""
+
+  CHECKPOINT_EVERY_N_STEPS = 100
+  NUM_TRAIN_STEPS = 3000

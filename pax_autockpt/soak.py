@@ -166,6 +166,8 @@ def run(cycles, num_hosts, workdir, seed, exp, target_step, interval=500):
       tally.final_step = exits[-1]['step'] if exits else None
       if code != 0 or tally.final_step != target_step:
         tally.failures.append(f'final run: exit {code}, step {tally.final_step}, target {target_step}')
+  if tally.cycles < cycles:
+    tally.failures.append(f'only {tally.cycles} of {cycles} cycles were signalled: the run ended first')
   return tally
 
 
@@ -176,12 +178,16 @@ def main(argv=None):
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--workdir', default=None)
   args = parser.parse_args(argv)
-  exp = ('experiments.lm_cloud_autockpt.LmCloudSpmdTinyAutockpt' if args.num_hosts == 1 else
-         'experiments.lm_cloud_autockpt.LmCloudSpmdTinyMultisliceAutockpt')
+  # One host trains ~150 steps/s: 30 cycles would pass the tiny model's 2000 steps long before the
+  # last signal. Two hosts train ~20 steps/s, so they save more often.
+  exp, target, interval = (
+      ('pax_autockpt.bench_experiments.TinySoakAutockpt', 12_000, 500) if args.num_hosts == 1 else
+      ('pax_autockpt.bench_experiments.TinyMultisliceSoakAutockpt', 3000, 100))
   workdir = args.workdir or tempfile.mkdtemp(prefix='autockpt-soak-')
   os.makedirs(workdir, exist_ok=True)
   start = time.time()
-  tally = run(args.cycles, args.num_hosts, workdir, args.seed, exp, target_step=2000)
+  tally = run(args.cycles, args.num_hosts, workdir, args.seed, exp, target_step=target,
+              interval=interval)
   summary = dataclasses.asdict(tally) | {'num_hosts': args.num_hosts, 'secs': round(time.time() - start)}
   print('[soak] ' + json.dumps(summary))
   return 0 if not tally.failures else 1
