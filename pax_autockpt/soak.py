@@ -79,8 +79,16 @@ def _wait(cond, job, timeout=300):
 def _hit(job, job_dir, moment, rng, starts):
   """Waits for the moment; False if the run ended (or never got there) first."""
   host0_log = os.path.join(job_dir, 'autockpt', 'host0.log')
-  log = (lambda: job.log()) if job.argv[2] == 'pax_autockpt.main' else (
-      lambda: open(host0_log, errors='replace').read() if os.path.exists(host0_log) else '')
+  seen = os.path.getsize(host0_log) if os.path.exists(host0_log) else 0  # earlier cycles' lines
+
+  def launched_log():
+    if not os.path.exists(host0_log):
+      return ''
+    with open(host0_log, errors='replace') as f:
+      f.seek(seen)
+      return f.read()
+
+  log = (lambda: job.log()) if job.argv[2] == 'pax_autockpt.main' else launched_log
   if moment == 'restore':
     ok = _wait(lambda: re.search(_RESTORING, log()) is not None, job)
     time.sleep(rng.uniform(0.0, 0.5))
@@ -99,13 +107,25 @@ def _signal(job, job_dir, num_hosts, signum):
   if signum == signal.SIGTERM:
     job.send(signal.SIGTERM)
     return
-  for runs in _runs(job_dir, num_hosts):
-    if runs:
-      try:
-        os.kill(runs[-1][0]['pid'], signal.SIGKILL)
-      except ProcessLookupError:
-        pass
+  # The launcher's hosts are its children (their start events may not be written yet).
+  for pid in (_children(job.pid) if num_hosts > 1 else []):
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
   job.kill()
+
+
+def _children(pid):
+  """Child pids from /proc (Linux)."""
+  out = []
+  for task in os.listdir(f'/proc/{pid}/task') if os.path.isdir(f'/proc/{pid}/task') else []:
+    try:
+      with open(f'/proc/{pid}/task/{task}/children') as f:
+        out += [int(c) for c in f.read().split()]
+    except OSError:
+      pass
+  return out
 
 
 def _check(tally, cycle, prev, run, committed_before, interval):
