@@ -23,7 +23,7 @@ from pax_autockpt import summaries as summaries_lib
 _COMPLETE = re.compile(r'^checkpoint_(\d{8})$')  # orbax writes a tmp name and renames on commit
 
 
-def _one_line(error: BaseException) -> str:
+def one_line(error: BaseException) -> str:
   return f'{type(error).__name__}: {error}'.splitlines()[0][:300]
 
 
@@ -113,10 +113,10 @@ class AutockptCheckpointer:
         if failed_whole is not None:
           logging.error('[autockpt] checkpoints %d and %d both fail to restore (%s): the model or its '
                         'config probably changed; stopping, nothing more moved aside.', failed_whole,
-                        step, _one_line(e))
+                        step, one_line(e))
           raise
         failed_whole = step
-        self._skip_unrestorable(step, _one_line(e))
+        self._skip_unrestorable(step, one_line(e))
 
   def _skip_unrestorable(self, step: int, error: str) -> None:
     """Moves the checkpoint aside (never deletes it) and points Pax at the next newest one."""
@@ -204,7 +204,7 @@ class AutockptCheckpointer:
     except Exception as e:  # pylint: disable=broad-except
       # E.g. no space for the temporary directory: this save is lost, training and the newer saves go on.
       logging.error('[autockpt] %s save of step %d failed to start (%s); the newest committed checkpoint '
-                    'is %s.', reason, step, _one_line(e), self._newest_committed())
+                    'is %s.', reason, step, one_line(e), self._newest_committed())
       self._settle()
       with self._lock:
         self._in_flight = None
@@ -235,7 +235,7 @@ class AutockptCheckpointer:
       else:
         error = getattr(finalize, 'exception', None)
         logging.error('[autockpt] save of step %d failed to commit (%s); the newest committed '
-                      'checkpoint is %s.', step, _one_line(error) if error else 'no directory',
+                      'checkpoint is %s.', step, one_line(error) if error else 'no directory',
                       self._newest_committed())
       with self._lock:
         if self._in_flight == step:
@@ -256,7 +256,7 @@ class AutockptCheckpointer:
     except Exception as e:  # pylint: disable=broad-except
       failed = self._last_started()
       # Kept in the decision history: a failed attempt still counts for the minimum interval.
-      logging.info('[autockpt] dropping the failed save of step %s: %s', failed, _one_line(e))
+      logging.info('[autockpt] dropping the failed save of step %s: %s', failed, one_line(e))
       if self._events.host == 0 and failed is not None:
         for leftover in self.checkpoint_dir.glob(f'{step_dir(self.checkpoint_dir, failed).name}.*'):
           leftover.rmtree()  # never committed, so nothing is lost; it would only take the space

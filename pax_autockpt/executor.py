@@ -1,6 +1,8 @@
 """The program hook: Pax's default executor with its checkpointer wrapped by AutockptCheckpointer."""
 
+import errno
 import os
+import sys
 
 from absl import logging
 import jax
@@ -36,5 +38,22 @@ class AutockptExecutor(executors.DefaultExecutor):
                        restored_step=wrapped.step_to_restore)
 
   def start(self):
-    super().start()
+    try:
+      super().start()
+    except Exception as e:  # pylint: disable=broad-except
+      if not _out_of_space(e):
+        raise
+      # Pax's own writers (summaries, logs) fail on a full disk once our failed saves no longer
+      # can: one line naming what a restart resumes from, instead of a traceback.
+      newest = checkpointer_lib.complete_steps(self._checkpointer.checkpoint_dir)
+      logging.error('[autockpt] training stopped at step %s, the disk is full (%s); the newest '
+                    'committed checkpoint is %s; exiting 1.', self._checkpointer.last_step,
+                    checkpointer_lib.one_line(e), newest[-1] if newest else None)
+      self._events.write('exit', code=1, step=self._checkpointer.last_step)
+      sys.exit(1)
     self._events.write('exit', code=0, step=self._checkpointer.last_step)
+
+
+def _out_of_space(error: BaseException) -> bool:
+  """ENOSPC from Python, TensorFlow or tensorstore, which report it only in their messages."""
+  return getattr(error, 'errno', None) == errno.ENOSPC or 'No space left on device' in str(error)
