@@ -110,17 +110,22 @@ def first_step_secs(argv, workdir, name, job_dir):
     job.kill()
 
 
-def _preemption_save(job_dir):
-  """The on-demand save's loop-blocking time and start -> commit duration, from the event log."""
+def _on_demand_save_vs_raw(workdir, job_dir):
+  """The on-demand save (start -> commit, loop blocking, from the event log) of a preempted run,
+  against a raw write + fsync of its newest checkpoint's bytes."""
   evs = process.read_events(job_dir)
   step = next((e['step'] for e in evs if e.get('event') == 'preemption'), None)
-  out = {}
+  save = {}
   for e in evs:
     if e.get('step') == step and e.get('event') == 'save_started':
-      out['blocking_s'] = e.get('blocking_s')
+      save['blocking_s'] = e.get('blocking_s')
     if e.get('step') == step and e.get('event') == 'save_committed':
-      out['duration_s'] = e.get('duration_s')
-  return out
+      save['save_s'] = e.get('duration_s')
+  ckpt = os.path.join(job_dir, 'checkpoints')
+  nbytes = _dir_bytes(os.path.join(ckpt, sorted(os.listdir(ckpt))[-1]))
+  raw = raw_write_secs(workdir, nbytes)
+  return dict(bytes=nbytes, save_s=save.get('save_s'), blocking_s=save.get('blocking_s'),
+              raw_write_fsync_s=raw, ratio_save_vs_raw=(save.get('save_s') or float('nan')) / raw)
 
 
 def scenario_a_b(workdir, sizes, port):
@@ -131,18 +136,15 @@ def scenario_a_b(workdir, sizes, port):
                                      '--exit_after_ondemand_checkpoint', *_wiring(port)))
     code_o, secs_o, dir_o = preempt_once(ours, workdir, f'a_{size}_ours')
     code_s, secs_s, dir_s = preempt_once(stock, workdir, f'b_{size}_stock')
-    ckpt = os.path.join(dir_o, 'checkpoints')
-    newest = sorted(os.listdir(ckpt))[-1]
-    nbytes = _dir_bytes(os.path.join(ckpt, newest))
-    raw = raw_write_secs(workdir, nbytes)
-    save = _preemption_save(dir_o)
+    save = _on_demand_save_vs_raw(workdir, dir_o)
+    nbytes, raw = save['bytes'], save['raw_write_fsync_s']
     rows.append(dict(size=size, bytes=nbytes, ours_exit_code=code_o, ours_sigterm_to_exit_s=secs_o,
-                     ours_save_blocking_s=save.get('blocking_s'), ours_save_s=save.get('duration_s'),
-                     ratio_save_vs_raw=(save.get('duration_s') or float('nan')) / raw,
+                     ours_save_blocking_s=save['blocking_s'], ours_save_s=save['save_s'],
+                     ratio_save_vs_raw=save['ratio_save_vs_raw'],
                      stock_exit_code=code_s, stock_sigterm_to_exit_s=secs_s, raw_write_fsync_s=raw,
                      ratio_ours_vs_raw=secs_o / raw, ratio_ours_vs_stock=secs_o / secs_s))
     _say(f'(a/b) {size}: {nbytes / 1e6:.0f} MB, ours {secs_o:.2f} s (exit {code_o}; save '
-         f'{save.get("duration_s")} s, loop blocked {save.get("blocking_s")} s), stock '
+         f'{save["save_s"]} s, loop blocked {save["blocking_s"]} s), stock '
          f'{secs_s:.2f} s (exit {code_s}), raw write {raw:.2f} s')
     shutil.rmtree(dir_o, ignore_errors=True)
     shutil.rmtree(dir_s, ignore_errors=True)
@@ -253,15 +255,9 @@ def scenario_g(workdir, secs, size):
   for fmt, flags in (('zarr', (zarr_flag,)), ('ocdbt', (ocdbt_flag,))):
     argv = _base(process.ours_argv(f'{_B}{size}Autockpt', '', *flags))
     _, _, job_dir = preempt_once(argv, workdir, f'g_{size}_{fmt}')
-    ckpt = os.path.join(job_dir, 'checkpoints')
-    nbytes = _dir_bytes(os.path.join(ckpt, sorted(os.listdir(ckpt))[-1]))
-    raw = raw_write_secs(workdir, nbytes)
-    save = _preemption_save(job_dir)
-    out[f'{size}_{fmt}'] = dict(bytes=nbytes, save_s=save.get('duration_s'),
-                                blocking_s=save.get('blocking_s'), raw_write_fsync_s=raw,
-                                ratio_save_vs_raw=(save.get('duration_s') or float('nan')) / raw)
-    _say(f'(g) {size} on-demand save, {fmt}: {save.get("duration_s")} s for {nbytes / 1e6:.0f} MB, raw '
-         f'write {raw:.2f} s')
+    save = out[f'{size}_{fmt}'] = _on_demand_save_vs_raw(workdir, job_dir)
+    _say(f'(g) {size} on-demand save, {fmt}: {save["save_s"]} s for {save["bytes"] / 1e6:.0f} MB, raw '
+         f'write {save["raw_write_fsync_s"]:.2f} s')
     shutil.rmtree(job_dir, ignore_errors=True)
   return out
 

@@ -190,10 +190,10 @@ class AutockptCheckpointer:
     The state is waited for first: with JAX's async dispatch the last step may still be computing,
     and that wait (`wait_s`) is the step's cost, not the save's (`blocking_s`).
     """
-    waited = time.time()
+    before = time.time()
     jax.block_until_ready(state['partitioned_train_state'])
     start = time.time()
-    waited = start - waited
+    waited = start - before
     self._settle()  # a failed previous save must not fail this one (orbax raises it here otherwise)
     with self._lock:
       self._in_flight = step
@@ -204,7 +204,7 @@ class AutockptCheckpointer:
     except Exception as e:  # pylint: disable=broad-except
       # E.g. no space for the temporary directory: this save is lost, training and the newer saves go on.
       logging.error('[autockpt] %s save of step %d failed to start (%s); the newest committed checkpoint '
-                    'is %s.', reason, step, one_line(e), self._newest_committed())
+                    'is %s.', reason, step, one_line(e), self.newest_committed())
       self._settle()
       with self._lock:
         self._in_flight = None
@@ -236,7 +236,7 @@ class AutockptCheckpointer:
         error = getattr(finalize, 'exception', None)
         logging.error('[autockpt] save of step %d failed to commit (%s); the newest committed '
                       'checkpoint is %s.', step, one_line(error) if error else 'no directory',
-                      self._newest_committed())
+                      self.newest_committed())
       with self._lock:
         if self._in_flight == step:
           self._in_flight = None
@@ -245,7 +245,7 @@ class AutockptCheckpointer:
     watcher.start()
     self._watchers = [t for t in self._watchers if t.is_alive()] + [watcher]
 
-  def _newest_committed(self) -> int | None:
+  def newest_committed(self) -> int | None:
     steps = complete_steps(self.checkpoint_dir)
     return steps[-1] if steps else None
 
@@ -296,7 +296,7 @@ class AutockptCheckpointer:
     self._settle()
     if self._saving and not step_dir(self.checkpoint_dir, step).exists():
       logging.error('[autockpt] On-demand checkpoint of step %d failed to commit; the newest committed '
-                    'checkpoint is %s; exiting 1.', step, self._newest_committed())
+                    'checkpoint is %s; exiting 1.', step, self.newest_committed())
       self._events.write('exit', code=1, step=step)
       sys.exit(1)
     code = self._settings.exit_code

@@ -45,10 +45,9 @@ class AutockptExecutor(executors.DefaultExecutor):
         raise
       # Pax's own writers (summaries, logs) fail on a full disk once our failed saves no longer
       # can: one line naming what a restart resumes from, instead of a traceback.
-      newest = checkpointer_lib.complete_steps(self._checkpointer.checkpoint_dir)
       logging.error('[autockpt] training stopped at step %s, the disk is full (%s); the newest '
                     'committed checkpoint is %s; exiting 1.', self._checkpointer.last_step,
-                    checkpointer_lib.one_line(e), newest[-1] if newest else None)
+                    checkpointer_lib.one_line(e), self._checkpointer.newest_committed())
       self._events.write('exit', code=1, step=self._checkpointer.last_step)
       sys.exit(1)
     self._events.write('exit', code=0, step=self._checkpointer.last_step)

@@ -17,11 +17,10 @@ from etils import epath
 
 def problems(step_path: epath.Path, limit: int = 3) -> list[str]:
   """Up to `limit` reasons why `step_path` cannot be restored as written; empty when it looks whole."""
-  found = []
   state = step_path / 'state'
   if not state.is_dir():
     return [f'{state} is missing']
-  found += _ocdbt_problems(state)
+  found = _ocdbt_problems(state)[:limit]
   for array in sorted(p for p in state.iterdir() if p.is_dir()):
     meta = array / '.zarray'
     if not meta.exists():

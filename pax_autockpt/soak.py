@@ -102,7 +102,7 @@ def _hit(job, job_dir, moment, rng, starts):
   return _wait(lambda: _count(job_dir, 'save_started') > saves, job, timeout=60)
 
 
-def _signal(job, job_dir, num_hosts, signum):
+def _signal(job, num_hosts, signum):
   """SIGTERM as a maintenance event (to the process or the launcher); SIGKILL to every process."""
   if signum == signal.SIGTERM:
     job.send(signal.SIGTERM)
@@ -162,7 +162,7 @@ def run(cycles, num_hosts, workdir, seed, exp, target_step, interval=500):
     if not final:
       signum, moment = rng.choice((signal.SIGTERM, signal.SIGKILL)), rng.choice(_MOMENTS)
       if _hit(job, job_dir, moment, rng, starts):
-        _signal(job, job_dir, num_hosts, signum)
+        _signal(job, num_hosts, signum)
         tally.cycles += 1
         tally.sigterm += signum == signal.SIGTERM
         tally.sigkill += signum == signal.SIGKILL
