@@ -35,11 +35,11 @@ demo: venv
 
 # Long measurements on demand, never in CI.
 bench: venv
-	$(PY) -m pax_autockpt.bench --out bench
+	$(PY) -m pax_autockpt.tools.bench --out bench
 
 soak: venv
-	$(PY) -m pax_autockpt.soak --cycles 30 --num_hosts 1
-	$(PY) -m pax_autockpt.soak --cycles 10 --num_hosts 2 --seed 1
+	$(PY) -m pax_autockpt.tools.soak --cycles 30 --num_hosts 1
+	$(PY) -m pax_autockpt.tools.soak --cycles 10 --num_hosts 2 --seed 1
 
 clean:
 	rm -rf $(VENV) *.egg-info demo_run

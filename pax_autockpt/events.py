@@ -1,7 +1,19 @@
-"""The per-host event log: `JOB_LOG_DIR/autockpt/events.host<IDX>.jsonl` (CONTRACT §6)."""
+"""The per-host event log (CONTRACT §6): its writer, and the one reader everything uses.
 
+Local disk: one file per host, each event one appended line, fsynced, so that a SIGKILL leaves at
+most a torn last line. Object storage (gs://) cannot append, and rewriting the whole history on every
+event would cost quadratic bytes over a long run; there the log is a series of parts of at most
+`PART_EVENTS` lines, each part rewritten whole as it grows, by a background thread so that the training
+loop never waits for storage (the queue drains at exit). An object is replaced atomically, so a part
+is never torn; a SIGKILL loses at most the events still queued.
+"""
+
+import concurrent.futures
+import dataclasses
 import json
+import math
 import os
+import re
 import threading
 import time
 from typing import Any
@@ -9,60 +21,139 @@ from typing import Any
 from absl import logging
 from etils import epath
 
+from pax_autockpt import layout
 
-def log_dir(job_log_dir: epath.PathLike) -> epath.Path:
-  return epath.Path(job_log_dir) / 'autockpt'
-
-
-def events_path(job_log_dir: epath.PathLike, host: int) -> epath.Path:
-  return log_dir(job_log_dir) / f'events.host{host}.jsonl'
+PART_EVENTS = 64
+# Where a record starts inside a torn line (the writer puts "t" first).
+_RECORD_START = re.compile(r'\{\s*"t"\s*:')
 
 
-def read(job_log_dir: epath.PathLike, host: int) -> list[dict[str, Any]]:
-  """A host's events so far; a torn last line (a killed writer) is skipped. Only json.loads."""
-  path = events_path(job_log_dir, host)
-  if not path.exists():
-    return []
-  out = []
-  for line in path.read_text().splitlines():
-    try:
-      record = json.loads(line)
-    except json.JSONDecodeError:
+def _record(text: str) -> dict[str, Any] | None:
+  """A JSON object with a string "event" and a finite number "t", else None (only json.loads)."""
+  try:
+    rec = json.loads(text)
+  except (ValueError, RecursionError):
+    return None
+  if not isinstance(rec, dict) or not isinstance(rec.get('event'), str):
+    return None
+  t = rec.get('t')
+  if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+    return None
+  return rec
+
+
+def parse(data: bytes) -> tuple[list[dict[str, Any]], int]:
+  """The records of one file in order, and how many lines were not records.
+
+  A killed writer can leave a torn line with the next process's first record appended to it: that
+  record is salvaged, the torn part counted.
+  """
+  records, bad = [], 0
+  for raw in data.split(b'\n'):
+    line = raw.decode('utf-8', errors='replace').strip()
+    if not line:
       continue
-    if isinstance(record, dict):
-      out.append(record)
+    rec = _record(line)
+    if rec is None:
+      bad += 1
+      rec = next((r for r in (_record(line[m.start():]) for m in _RECORD_START.finditer(line, 1))
+                  if r is not None), None)
+    if rec is not None:
+      records.append(rec)
+  return records, bad
+
+
+@dataclasses.dataclass
+class HostLog:
+  host: int
+  records: list[dict[str, Any]]
+  unparsable: int
+  files: list[str]
+
+
+def read_job(job_log_dir: epath.PathLike) -> dict[int, HostLog]:
+  """Every host's events, in the order they were written."""
+  out = {}
+  for host, paths in layout.event_files(job_log_dir).items():
+    records, bad = [], 0
+    for path in paths:
+      got, skipped = parse(path.read_bytes())
+      records += got
+      bad += skipped
+    out[host] = HostLog(host, records, bad, [p.name for p in paths])
   return out
 
 
+def read(job_log_dir: epath.PathLike, host: int = 0) -> list[dict[str, Any]]:
+  """One host's events so far."""
+  log = read_job(job_log_dir).get(host)
+  return log.records if log else []
+
+
 class EventLog:
-  """Appends one JSON object per line; safe to call from the commit-watcher threads."""
+  """Appends one JSON object per event; safe to call from any thread. Never stops training: a
+  write that fails is logged and the event is lost."""
 
   def __init__(self, job_log_dir: epath.PathLike, host: int):
     self.host = host
     self.job_log_dir = epath.Path(job_log_dir)
-    self.path = events_path(job_log_dir, host)
-    self.path.parent.mkdir(parents=True, exist_ok=True)
+    layout.autockpt_dir(job_log_dir).mkdir(parents=True, exist_ok=True)
     self._lock = threading.Lock()
-    # Object stores (gs://) cannot append: there the whole file is rewritten.
-    self._local = os.path.isabs(os.fspath(self.path)) and '://' not in os.fspath(self.path)
-    self._lines = [] if self._local or not self.path.exists() else self.path.read_text().splitlines()
+    self._parts: _Parts | None = None
+    if layout.is_object_store(job_log_dir):
+      self._parts = _Parts(job_log_dir, host)
+    self.path = layout.events_path(job_log_dir, host)
 
   def write(self, event: str, *, t: float | None = None, **fields: Any) -> dict[str, Any]:
-    """Appends one event; `t` defaults to now (a save_started is stamped with its start)."""
+    """Logs one event; `t` defaults to now (a save_started is stamped with its start)."""
     record = {'t': time.time() if t is None else t, 'host': self.host, 'event': event, **fields}
-    line = json.dumps(record, sort_keys=False)
+    line = json.dumps(record)
     with self._lock:
+      if self._parts is not None:
+        self._parts.add(line)
+        return record
       try:
-        if self._local:
-          # One write() of a whole line, then fsync: a SIGKILL leaves at most a torn last line.
-          with open(self.path, 'a') as f:
-            f.write(line + '\n')
-            f.flush()
-            os.fsync(f.fileno())
-        else:
-          self._lines.append(line)
-          self.path.write_text('\n'.join(self._lines) + '\n')
+        # One write() of a whole line, then fsync: a SIGKILL leaves at most a torn last line.
+        with open(self.path, 'a') as f:
+          f.write(line + '\n')
+          f.flush()
+          os.fsync(f.fileno())
       except OSError as e:
-        # The log must never stop training (e.g. a full disk): the event is lost, said once here.
         logging.warning('[autockpt] could not write the %s event to %s: %s', event, self.path, e)
     return record
+
+  def flush(self) -> None:
+    """Waits until every event so far is on storage (object storage; local writes are synchronous)."""
+    if self._parts is not None:
+      self._parts.flush()
+
+
+class _Parts:
+  """Object storage: the current part's lines, uploaded whole by one background thread."""
+
+  def __init__(self, job_log_dir: epath.PathLike, host: int):
+    self._job, self._host = job_log_dir, host
+    names = [p.name for p in layout.event_files(job_log_dir).get(host, [])]
+    self._part = len(names)  # a new process starts a new part: nothing is read back
+    self._lines: list[str] = []
+    self._uploads = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='autockpt-events')
+
+  def add(self, line: str) -> None:
+    if len(self._lines) == PART_EVENTS:
+      self._part, self._lines = self._part + 1, []
+    self._lines.append(line)
+    self._uploads.submit(self._upload, self._part, '\n'.join(self._lines) + '\n')
+
+  def _upload(self, part: int, text: str) -> None:
+    path = layout.events_path(self._job, self._host, part)
+    try:
+      path.write_text(text)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning('[autockpt] could not write %s: %s', path, e)
+
+  def flush(self) -> None:
+    # At interpreter exit the pool's own shutdown drains the queue; submit() then refuses.
+    try:
+      self._uploads.submit(lambda: None).result()
+    except RuntimeError:
+      pass

@@ -1,4 +1,5 @@
-"""The program hook: Pax's default executor with its checkpointer wrapped by AutockptCheckpointer."""
+"""The program hook: Pax's default executor with its checkpointer wrapped, and the one place a training
+process decides how it ends (exit code and `exit` event), under our main and under stock paxml main."""
 
 import errno
 import os
@@ -10,11 +11,12 @@ from paxml import executors
 
 from pax_autockpt import checkpointer as checkpointer_lib
 from pax_autockpt import events as events_lib
+from pax_autockpt import outcomes
 from pax_autockpt import settings as settings_lib
 
 
 class AutockptExecutor(executors.DefaultExecutor):
-  """Runs Pax's own training loop; preemption, saves and exits go through the wrapped checkpointer."""
+  """Runs Pax's own training loop; preemption and saves go through the wrapped checkpointer."""
 
   def __init__(self, settings: settings_lib.Settings):
     super().__init__()
@@ -40,17 +42,27 @@ class AutockptExecutor(executors.DefaultExecutor):
   def start(self):
     try:
       super().start()
+    except outcomes.Preempted as stop:
+      self._exit(self._settings.exit_code, stop.step, f'{stop}; exiting {self._settings.exit_code}.')
+    except outcomes.SaveFailed as stop:
+      self._exit(1, stop.step, f'{stop}; exiting 1.', error=True)
     except Exception as e:  # pylint: disable=broad-except
       if not _out_of_space(e):
         raise
       # Pax's own writers (summaries, logs) fail on a full disk once our failed saves no longer
       # can: one line naming what a restart resumes from, instead of a traceback.
-      logging.error('[autockpt] training stopped at step %s, the disk is full (%s); the newest '
-                    'committed checkpoint is %s; exiting 1.', self._checkpointer.last_step,
-                    checkpointer_lib.one_line(e), self._checkpointer.newest_committed())
-      self._events.write('exit', code=1, step=self._checkpointer.last_step)
-      sys.exit(1)
+      self._exit(1, self._checkpointer.last_step,
+                 f'training stopped at step {self._checkpointer.last_step}, the disk is full '
+                 f'({checkpointer_lib.one_line(e)}); the newest committed checkpoint is '
+                 f'{self._checkpointer.newest_committed()}; exiting 1.', error=True)
     self._events.write('exit', code=0, step=self._checkpointer.last_step)
+    self._events.flush()
+
+  def _exit(self, code: int, step: int | None, message: str, error: bool = False) -> None:
+    (logging.error if error else logging.info)('[autockpt] %s', message)
+    self._events.write('exit', code=code, step=step)
+    self._events.flush()
+    sys.exit(code)
 
 
 def _out_of_space(error: BaseException) -> bool:

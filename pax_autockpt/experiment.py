@@ -1,13 +1,17 @@
-"""A mixin that gives any Pax experiment the Autocheckpoint program hook."""
+"""A mixin that gives any Pax experiment the Autocheckpoint program hook.
 
-import math
+Its two methods are the plugin's entry points under stock paxml/main.py too: Pax calls `validate()`
+after jax.distributed is up and before it builds the checkpointer, and `executor()` for the program
+executor. A bad setting ends the run here with one line and exit 2 (stock main would print a traceback).
+"""
+
 import sys
 
+from pax_autockpt import hosts
 from pax_autockpt import settings as settings_lib
 
 
 def _config_error(message: str) -> None:
-  """One line on stderr, exit 2 (stock paxml/main.py would print a traceback)."""
   print(f'error: {message}', file=sys.stderr, flush=True)
   sys.exit(2)
 
@@ -15,48 +19,43 @@ def _config_error(message: str) -> None:
 class AutockptMixin:
   """Put first in the bases of a Pax experiment: `class MyExp(AutockptMixin, LmCloudSpmd2B)`.
 
-  The attributes below are the defaults; a subclass overrides them and an `--autockpt_*` flag given
-  to `python -m pax_autockpt.main` overrides both (README, "Settings").
+  Each `AUTOCKPT_*` attribute is a field of `pax_autockpt.settings.Settings` with its default (set
+  below, from that one declaration); a subclass overrides them and an `--autockpt_*` flag given to
+  `python -m pax_autockpt.main` overrides both (README, "Settings").
   """
-
-  AUTOCKPT_EXIT_CODE = 143  # exit code after a committed on-demand checkpoint
-  AUTOCKPT_CONTINUOUS = False  # start a new save as soon as the previous one committed
-  AUTOCKPT_MIN_INTERVAL_SECS = 0.0  # continuous: no two saves closer than this
-  AUTOCKPT_KEEP_LATEST = None  # preservation: keep the newest N checkpoints
-  AUTOCKPT_KEEP_EVERY_SECS = None  # preservation: keep one checkpoint per this many seconds
-  AUTOCKPT_SAVE_POLICY = None  # a pax_autockpt.policies save-decision policy (or Fiddle config)
-  AUTOCKPT_PRESERVATION_POLICY = None  # a pax_autockpt.policies preservation policy (or Fiddle config)
 
   def autockpt_settings(self) -> settings_lib.Settings:
     return settings_lib.resolve(self)
 
   def validate(self) -> None:
-    """Pax calls this after jax.distributed is up and before anything is written or trained."""
     super().validate()
     try:
       self.autockpt_settings()
     except settings_lib.ConfigError as e:
       _config_error(str(e))
     self._check_mesh()
+    from pax_autockpt import internals  # pylint: disable=g-import-not-at-top  (orbax-heavy)
+    internals.keep_unrestorable_at_startup()  # before Pax builds the checkpoint manager
 
   def _check_mesh(self) -> None:
     import jax  # pylint: disable=g-import-not-at-top
     model = self.task().model
-    ici, dcn = model.ici_mesh_shape, model.dcn_mesh_shape or [1]
-    if ici is None:
+    if model.ici_mesh_shape is None:
       return  # pmap model: no mesh
-    need, have = math.prod(ici) * math.prod(dcn), jax.device_count()
-    if need != have:
-      _config_error(
-          f'{type(self).__name__}: ICI_MESH_SHAPE={list(ici)} x DCN_MESH_SHAPE={list(dcn)} needs {need} '
-          f'devices, this job has {have} ({jax.process_count()} host(s) x {jax.local_device_count()}): '
-          'change the mesh shapes or the number of hosts/devices')
+    try:
+      hosts.check_mesh(num_hosts=jax.process_count(), devices_per_host=jax.local_device_count(),
+                       ici_mesh_shape=model.ici_mesh_shape, dcn_mesh_shape=model.dcn_mesh_shape)
+    except hosts.WiringError as e:
+      _config_error(f'{type(self).__name__}: {e}')
 
   def executor(self):
-    """Pax's hook for the program executor (`BaseExperiment.executor`)."""
     try:
       settings = self.autockpt_settings()
     except settings_lib.ConfigError as e:
       _config_error(str(e))
     from pax_autockpt import executor  # pylint: disable=g-import-not-at-top  (paxml-heavy)
     return executor.AutockptExecutor(settings)
+
+
+for _name, _field in settings_lib.FIELDS.items():
+  setattr(AutockptMixin, settings_lib.attribute(_name), _field.default)

@@ -70,25 +70,27 @@ def resolve(*,
   return Wiring(0, 1, f'127.0.0.1:{(free_port or free_loopback_port)()}', 'local')
 
 
-def check_mesh(wiring: Wiring, *, ici_mesh_shape: Sequence[int], dcn_mesh_shape: Sequence[int] | None,
-               devices_per_host: int) -> None:
-  """Raises WiringError when num_hosts * devices_per_host != prod(ici) * prod(dcn), or when the DCN product does not divide num_hosts (each slice must hold whole hosts). dcn_mesh_shape None means [1,1,1]."""
+def check_mesh(*, num_hosts: int, devices_per_host: int, ici_mesh_shape: Sequence[int],
+               dcn_mesh_shape: Sequence[int] | None) -> None:
+  """Raises WiringError unless num_hosts x devices_per_host = prod(ICI) x prod(DCN) and the DCN
+  product (the number of slices) divides num_hosts, so that each slice holds whole hosts.
+  `dcn_mesh_shape` None means [1, 1, 1]."""
   dcn_mesh_shape = [1, 1, 1] if dcn_mesh_shape is None else dcn_mesh_shape
   ici = _mesh_product('ICI_MESH_SHAPE', ici_mesh_shape)
   dcn = _mesh_product('DCN_MESH_SHAPE', dcn_mesh_shape)
   if not _is_int(devices_per_host) or devices_per_host < 1:
     raise WiringError(f'devices_per_host={devices_per_host!r} is invalid: it must be an integer >= 1')
-  have = wiring.num_hosts * devices_per_host
+  have = num_hosts * devices_per_host
   if ici * dcn != have:
     raise WiringError(
         f'ICI_MESH_SHAPE={list(ici_mesh_shape)} x DCN_MESH_SHAPE={list(dcn_mesh_shape)} needs {ici * dcn} '
-        f'devices but num_hosts={wiring.num_hosts} x {devices_per_host} devices per host = {have}: '
-        f'make the product of both mesh shapes {have}, or change --num_hosts')
-  if wiring.num_hosts % dcn:
+        f'devices but num_hosts={num_hosts} x {devices_per_host} devices per host = {have}: '
+        f'make the product of both mesh shapes {have}, or change the number of hosts')
+  if num_hosts % dcn:
     raise WiringError(
         f'DCN_MESH_SHAPE={list(dcn_mesh_shape)} makes {dcn} slices, which does not divide '
-        f'num_hosts={wiring.num_hosts}: each slice must hold whole hosts, so use a DCN product '
-        f'that divides {wiring.num_hosts}')
+        f'num_hosts={num_hosts}: each slice must hold whole hosts, so use a DCN product '
+        f'that divides {num_hosts}')
 
 
 # --- sources ---------------------------------------------------------------------------------

@@ -5,7 +5,7 @@
 
 Same flags as paxml/main.py, with --jax_fully_async_checkpoint and --exit_after_ondemand_checkpoint
 defaulting to true, --host_idx/--num_hosts/--server_addr derived when not given (pax_autockpt.hosts),
-and the --autockpt_* flags below.
+and the --autockpt_* flags of pax_autockpt.settings.
 """
 
 # Before the heavy imports below (~7 s): a SIGTERM from now on is recorded, not fatal, and the
@@ -13,11 +13,25 @@ and the --autockpt_* flags below.
 import sys  # pylint: disable=g-bad-import-order
 
 from pax_autockpt import precheck
+from pax_autockpt import settings as settings_lib
 from pax_autockpt import signals
+
+
+def _fail(message: str) -> None:
+  """Bad input: one line on stderr, exit 2, nothing written."""
+  print(f'error: {message}', file=sys.stderr, flush=True)
+  sys.exit(2)
+
 
 signals.install()
 if __name__ == '__main__':
-  precheck.run(sys.argv)
+  try:
+    precheck.run(sys.argv)
+  except settings_lib.ConfigError as e:
+    _fail(str(e))
+  except precheck.PrintWiring as e:
+    print(e, flush=True)
+    sys.exit(0)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import os
@@ -31,24 +45,14 @@ import jax
 from paxml import main as pax_main
 
 from pax_autockpt import hosts
+from pax_autockpt import layout
 from pax_autockpt import mesh
-from pax_autockpt import settings as settings_lib
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_integer('autockpt_exit_code', None,
-                     'Exit code after a committed on-demand checkpoint (default 143).')
-flags.DEFINE_bool('autockpt_continuous', None,
-                  'Start a new asynchronous save as soon as the previous one has committed.')
-flags.DEFINE_float('autockpt_min_interval_secs', None,
-                   'Continuous checkpointing: minimum seconds between two save starts.')
-flags.DEFINE_integer('autockpt_keep_latest', None, 'Preservation: keep the newest N checkpoints.')
-flags.DEFINE_float('autockpt_keep_every_secs', None,
-                   'Preservation: keep one checkpoint per this many seconds.')
+settings_lib.define_flags()
 flags.DEFINE_bool('autockpt_print_wiring', False,
                   'Print the resolved host_idx/num_hosts/server_addr line and exit 0.')
-
-_fail = precheck.fail
 
 
 def _resolve_wiring() -> hosts.Wiring:
@@ -80,7 +84,7 @@ def _check_job_log_dir() -> None:
   if FLAGS.job_log_dir is None:
     _fail('--job_log_dir is required: the directory for checkpoints and logs (local or gs://).')
   path = os.fspath(FLAGS.job_log_dir)
-  if '://' in path:
+  if layout.is_object_store(path):
     return
   try:
     os.makedirs(path, exist_ok=True)

@@ -3,27 +3,24 @@ TensorFlow start-up on every host.
 
 Best effort on purpose: it reads only the `--name=value` / `--name value` forms of the flags it
 checks and gives up on anything else (e.g. --flagfile); pax_autockpt.main repeats every check on
-absl's parsed flags, so nothing depends on this module catching a problem.
+absl's parsed flags, so nothing depends on this module catching a problem. It raises ConfigError;
+the entry point prints it and exits 2.
 """
 
 import os
-import sys
-from typing import NoReturn
 
 from pax_autockpt import hosts
 from pax_autockpt import settings as settings_lib
 
-_INT = ('host_idx', 'num_hosts', 'autockpt_exit_code', 'autockpt_keep_latest')
-_FLOAT = ('autockpt_min_interval_secs', 'autockpt_keep_every_secs')
-_STR = ('server_addr', 'job_log_dir')
-_BOOL = ('autockpt_continuous', 'autockpt_print_wiring')
+_SETTING_FLAGS = {settings_lib.flag_name(f): f for f in settings_lib.FIELDS if settings_lib.flag_name(f)}
+_TYPES = {'host_idx': int, 'num_hosts': int, 'server_addr': str, 'job_log_dir': str,
+          'autockpt_print_wiring': bool,
+          **{flag: settings_lib.flag_type(field) for flag, field in _SETTING_FLAGS.items()}}
 _TRUE = ('', 'true', '1', 't', 'yes')
 
 
-def fail(message: str) -> NoReturn:
-  """Bad input: one line on stderr, exit 2, nothing written."""
-  print(f'error: {message}', file=sys.stderr, flush=True)
-  sys.exit(2)
+class PrintWiring(Exception):
+  """--autockpt_print_wiring with a wiring that needs no paxml: print this line and exit 0."""
 
 
 def given(argv: list[str]) -> dict[str, str] | None:
@@ -33,19 +30,19 @@ def given(argv: list[str]) -> dict[str, str] | None:
     arg = args[i]
     if arg == '--':
       break
-    if arg.startswith('--flagfile') or arg.startswith('-flagfile'):
+    if arg.startswith(('--flagfile', '-flagfile')):
       return None
     name, eq, value = arg.lstrip('-').partition('=')
-    if name in _INT + _FLOAT + _STR:
+    if _TYPES.get(name) is bool:
+      out[name] = 'true' if value.lower() in _TRUE else 'false'
+    elif name.startswith('no') and _TYPES.get(name[2:]) is bool and not eq:
+      out[name[2:]] = 'false'
+    elif name in _TYPES:
       if not eq:
         if i + 1 >= len(args):
           return None
         i, value = i + 1, args[i + 1]
       out[name] = value
-    elif name in _BOOL:
-      out[name] = 'true' if value.lower() in _TRUE else 'false'
-    elif name.startswith('no') and name[2:] in _BOOL and not eq:
-      out[name[2:]] = 'false'
     i += 1
   return out
 
@@ -53,16 +50,21 @@ def given(argv: list[str]) -> dict[str, str] | None:
 def _typed(values: dict[str, str]) -> dict[str, object]:
   typed = {}
   for name, value in values.items():
+    kind = _TYPES[name]
+    if kind is bool:
+      typed[name] = value == 'true'
+      continue
     try:
-      typed[name] = int(value) if name in _INT else float(value) if name in _FLOAT else value
+      typed[name] = kind(value)
     except ValueError:
-      kind = 'an integer' if name in _INT else 'a number'
-      fail(f'--{name}={value} is not {kind}: fix the value')
+      raise settings_lib.ConfigError(
+          f'--{name}={value} is not {"an integer" if kind is int else "a number"}: fix the value') from None
   return typed
 
 
 def run(argv: list[str]) -> None:
-  """Exits 2 on a wiring, flag-value or job-directory error; exits 0 after --autockpt_print_wiring."""
+  """Raises ConfigError on a wiring, flag-value or job-directory error, PrintWiring for
+  --autockpt_print_wiring when the answer needs no paxml."""
   values = given(argv)
   if values is None:
     return
@@ -71,18 +73,13 @@ def run(argv: list[str]) -> None:
     wiring = hosts.resolve(host_idx=flag.get('host_idx'), num_hosts=flag.get('num_hosts'),
                            server_addr=flag.get('server_addr'), free_port=lambda: 0)
   except hosts.WiringError as e:
-    fail(str(e))
-  if flag.get('autockpt_print_wiring') == 'true' and wiring.source != 'local':
-    print(wiring.line(), flush=True)
-    sys.exit(0)
-  fields = {f: flag[name] for f, (_, name) in settings_lib.SOURCES.items() if name in flag}
-  if 'continuous' in fields:
-    fields['continuous'] = fields['continuous'] == 'true'
-  try:
-    settings_lib.validate_values(settings_lib.Settings(**fields),
-                                 {f: f'--{name}' for f, (_, name) in settings_lib.SOURCES.items()})
-  except settings_lib.ConfigError as e:
-    fail(str(e))
+    raise settings_lib.ConfigError(str(e)) from None
+  if flag.get('autockpt_print_wiring') and wiring.source != 'local':
+    raise PrintWiring(wiring.line())
+  fields = {field: flag[name] for name, field in _SETTING_FLAGS.items() if name in flag}
+  settings_lib.validate_values(settings_lib.Settings(**fields),
+                               {field: f'--{name}' for name, field in _SETTING_FLAGS.items()})
   job = flag.get('job_log_dir')
   if job and '://' not in job and os.path.exists(job) and not os.path.isdir(job):
-    fail(f'--job_log_dir={job} is not writable (it is a file): choose a directory you can write to.')
+    raise settings_lib.ConfigError(
+        f'--job_log_dir={job} is not writable (it is a file): choose a directory you can write to.')

@@ -1,45 +1,135 @@
-"""Autocheckpoint settings: experiment class attributes, overridden by `--autockpt_*` flags."""
+"""Autocheckpoint settings, each declared once: a field of `Settings` with its default, doc and rule.
+
+From that one declaration come the experiment class attribute `AUTOCKPT_<FIELD>` (on AutockptMixin),
+the `--autockpt_<field>` flag of `pax_autockpt.main` (unless `flag=False`), the check of that flag
+before paxml is imported, and the README's settings table (`markdown_table`; a test fails when the
+README drifts). A flag given on the command line wins over the attribute.
+"""
 
 import dataclasses
-from typing import Any
+import types
+from typing import Any, Callable
 
 from absl import flags
-import fiddle as fdl
 
 from pax_autockpt import policies
+
+DEFAULT_EXIT_CODE = 143  # 128 + SIGTERM, what a shell reports for a process the signal ended
 
 
 class ConfigError(ValueError):
   """Bad configuration: one line naming the attribute or flag and the fix; the run exits 2."""
 
 
+Rule = Callable[[Any], str | None]  # the fix for an invalid value, None when the value is fine
+
+
+def _number(v: Any) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _integer(v: Any) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _exit_code(v):
+  if not _integer(v) or not 3 <= v <= 255:
+    return f'use an integer 3..255 (0 means success, 1 failure, 2 bad configuration); default {DEFAULT_EXIT_CODE}'
+
+
+def _bool(v):
+  return None if isinstance(v, bool) else 'use True or False'
+
+
+def _seconds_at_least_0(v):
+  return None if _number(v) and v >= 0 else 'use a number of seconds >= 0'
+
+
+def _optional_count(v):
+  return None if v is None or (_integer(v) and v >= 1) else 'use an integer N >= 1, or None to keep what Pax keeps'
+
+
+def _optional_seconds(v):
+  return None if v is None or (_number(v) and v > 0) else 'use a number of seconds > 0, or None'
+
+
+def _save_policy(v):
+  if v is not None and not isinstance(v, policies.SaveDecisionPolicy):
+    return ('use an object with should_save(step, previous, *, context), e.g. '
+            'pax_autockpt.policies.ContinuousCheckpointingPolicy(30)')
+
+
+def _preservation_policy(v):
+  if v is not None and not isinstance(v, policies.PreservationPolicy):
+    return ('use an object with should_preserve(checkpoints, *, context), e.g. '
+            'pax_autockpt.policies.LatestN(10)')
+
+
+def option(default: Any, doc: str, *, rule: Rule, flag: bool = True) -> Any:
+  """One setting: its default, its one-line meaning, its validity rule, and whether it is a flag."""
+  return dataclasses.field(default=default, metadata={'doc': doc, 'rule': rule, 'flag': flag})
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """What the hook does; see README "Settings" for each field."""
+  """What the hook does. Each field is one setting (see the module docstring)."""
 
-  exit_code: int = 143
-  continuous: bool = False
-  min_interval_secs: float = 0.0
-  keep_latest: int | None = None
-  keep_every_secs: float | None = None
-  save_policy: Any = None  # a policies.SaveDecisionPolicy (or a Fiddle config of one)
-  preservation_policy: Any = None  # a policies.PreservationPolicy (or a Fiddle config of one)
-
-
-# field -> (experiment class attribute, command-line flag or None)
-SOURCES = {
-    'exit_code': ('AUTOCKPT_EXIT_CODE', 'autockpt_exit_code'),
-    'continuous': ('AUTOCKPT_CONTINUOUS', 'autockpt_continuous'),
-    'min_interval_secs': ('AUTOCKPT_MIN_INTERVAL_SECS', 'autockpt_min_interval_secs'),
-    'keep_latest': ('AUTOCKPT_KEEP_LATEST', 'autockpt_keep_latest'),
-    'keep_every_secs': ('AUTOCKPT_KEEP_EVERY_SECS', 'autockpt_keep_every_secs'),
-    'save_policy': ('AUTOCKPT_SAVE_POLICY', None),
-    'preservation_policy': ('AUTOCKPT_PRESERVATION_POLICY', None),
-}
+  exit_code: int = option(DEFAULT_EXIT_CODE, 'exit code after a committed on-demand checkpoint (3..255)',
+                          rule=_exit_code)
+  continuous: bool = option(False, 'start a new async save as soon as the previous one committed',
+                            rule=_bool)
+  min_interval_secs: float = option(0.0, 'continuous: no two save starts closer than this',
+                                    rule=_seconds_at_least_0)
+  keep_latest: int | None = option(None, 'preservation: keep the newest N', rule=_optional_count)
+  keep_every_secs: float | None = option(None, 'preservation: one checkpoint per N seconds',
+                                         rule=_optional_seconds)
+  save_policy: Any = option(None, 'any save-decision policy object, or a `pax_fiddle.Config` of one',
+                            rule=_save_policy, flag=False)
+  preservation_policy: Any = option(None, 'any preservation policy object, or a `pax_fiddle.Config` of one',
+                                    rule=_preservation_policy, flag=False)
 
 
-def _given_flag(name: str | None) -> tuple[bool, Any]:
-  """The flag's value if it was given on the command line (flags exist only under our main)."""
+FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+
+
+def attribute(field: str) -> str:
+  return f'AUTOCKPT_{field.upper()}'
+
+
+def flag_name(field: str) -> str | None:
+  return f'autockpt_{field}' if FIELDS[field].metadata['flag'] else None
+
+
+def flag_type(field: str) -> type:
+  """bool, int, float or str: the flag's type, from the field's annotation (`int | None` -> int)."""
+  kind = FIELDS[field].type
+  if isinstance(kind, types.UnionType):
+    kind = next(k for k in kind.__args__ if k is not type(None))
+  return kind
+
+
+def define_flags() -> None:
+  """The `--autockpt_*` flags of pax_autockpt.main; None means "not given: use the attribute"."""
+  define = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float,
+            str: flags.DEFINE_string}
+  for name, f in FIELDS.items():
+    if f.metadata['flag']:
+      define[flag_type(name)](flag_name(name), None, f'{f.metadata["doc"]} (default {f.default!r}).')
+
+
+def markdown_table() -> str:
+  """The README's settings table."""
+  rows = ['| attribute | flag | default | meaning |', '|---|---|---|---|']
+  groups = {'save_policy': 'continuous, min_interval_secs', 'preservation_policy': 'keep_latest, keep_every_secs'}
+  for name, f in FIELDS.items():
+    flag = f'`--{flag_name(name)}`' if flag_name(name) else f'(the {groups[name]} flags replace it)'
+    rows.append(f'| `{attribute(name)}` | {flag} | {f.default!r} | {f.metadata["doc"]} |')
+  return '\n'.join(rows)
+
+
+def _given_flag(field: str) -> tuple[bool, Any]:
+  """The flag's value if it was given on the command line (the flags exist only under our main)."""
+  name = flag_name(field)
   if name and name in flags.FLAGS and flags.FLAGS[name].present:
     return True, flags.FLAGS[name].value
   return False, None
@@ -52,19 +142,20 @@ def resolve(experiment: Any) -> Settings:
   AUTOCKPT_SAVE_POLICY, --autockpt_keep_latest / --autockpt_keep_every_secs replace
   AUTOCKPT_PRESERVATION_POLICY. Set as attributes together, they conflict (exit 2).
   """
+  import fiddle as fdl  # pylint: disable=g-import-not-at-top  (not needed by the pre-import checks)
   values, origin = {}, {}
-  for field, (attr, flag) in SOURCES.items():
-    values[field] = getattr(experiment, attr, getattr(Settings, field))
-    origin[field] = f'{type(experiment).__name__}.{attr}'
-    given, value = _given_flag(flag)
+  for name, f in FIELDS.items():
+    values[name] = getattr(experiment, attribute(name), f.default)
+    origin[name] = f'{type(experiment).__name__}.{attribute(name)}'
+    given, value = _given_flag(name)
     if given:
-      values[field], origin[field] = value, f'--{flag}'
-  for field in ('save_policy', 'preservation_policy'):
-    if isinstance(values[field], fdl.Buildable):
+      values[name], origin[name] = value, f'--{flag_name(name)}'
+  for name in ('save_policy', 'preservation_policy'):
+    if isinstance(values[name], fdl.Buildable):
       try:
-        values[field] = fdl.build(values[field])
+        values[name] = fdl.build(values[name])
       except Exception as e:  # pylint: disable=broad-except
-        raise ConfigError(f'{origin[field]} could not be built: {type(e).__name__}: {e}') from e
+        raise ConfigError(f'{origin[name]} could not be built: {type(e).__name__}: {e}') from e
   _apply_flag_precedence(values, origin)
   settings = Settings(**values)
   validate(settings, origin)
@@ -91,47 +182,19 @@ def _apply_flag_precedence(values: dict[str, Any], origin: dict[str, str]) -> No
 def validate(s: Settings, origin: dict[str, str]) -> None:
   """Raises ConfigError for the first invalid value or combination, naming where it came from."""
   validate_values(s, origin)
-  _validate_combinations(s, origin)
+  if s.min_interval_secs and not s.continuous and s.save_policy is None:
+    raise ConfigError(f'{origin["min_interval_secs"]}={s.min_interval_secs!r} is invalid: it only applies '
+                      'to continuous checkpointing: also set AUTOCKPT_CONTINUOUS = True (or '
+                      '--autockpt_continuous)')
 
 
 def validate_values(s: Settings, origin: dict[str, str]) -> None:
-  """Each value on its own (what a command line alone can get wrong)."""
-
-  def bad(field, rule):
-    value = getattr(s, field)
-    raise ConfigError(f'{origin[field]}={value!r} is invalid: {rule}')
-
-  def is_number(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-  if not isinstance(s.exit_code, int) or isinstance(s.exit_code, bool) or not 3 <= s.exit_code <= 255:
-    bad('exit_code', 'use an integer 3..255 (0 means success, 1 failure, 2 bad configuration); default 143')
-  if not isinstance(s.continuous, bool):
-    bad('continuous', 'use True or False')
-  if not is_number(s.min_interval_secs) or s.min_interval_secs < 0:
-    bad('min_interval_secs', 'use a number of seconds >= 0')
-  if s.keep_latest is not None and (
-      not isinstance(s.keep_latest, int) or isinstance(s.keep_latest, bool) or s.keep_latest < 1):
-    bad('keep_latest', 'use an integer N >= 1, or None to keep what Pax keeps')
-  if s.keep_every_secs is not None and (not is_number(s.keep_every_secs) or s.keep_every_secs <= 0):
-    bad('keep_every_secs', 'use a number of seconds > 0, or None')
-
-
-def _validate_combinations(s: Settings, origin: dict[str, str]) -> None:
-
-  def bad(field, rule):
-    raise ConfigError(f'{origin[field]}={getattr(s, field)!r} is invalid: {rule}')
-
-  if s.min_interval_secs and not s.continuous and s.save_policy is None:
-    bad('min_interval_secs', 'it only applies to continuous checkpointing: also set '
-        'AUTOCKPT_CONTINUOUS = True (or --autockpt_continuous)')
-  if s.save_policy is not None and not isinstance(s.save_policy, policies.SaveDecisionPolicy):
-    bad('save_policy', 'use an object with should_save(step, previous, *, context), e.g. '
-        'pax_autockpt.policies.ContinuousCheckpointingPolicy(30)')
-  if s.preservation_policy is not None and not isinstance(s.preservation_policy,
-                                                          policies.PreservationPolicy):
-    bad('preservation_policy', 'use an object with should_preserve(checkpoints, *, context), e.g. '
-        'pax_autockpt.policies.LatestN(10)')
+  """Each value on its own, by its field's rule (what a command line alone can get wrong)."""
+  for name, f in FIELDS.items():
+    value = getattr(s, name)
+    fix = f.metadata['rule'](value)
+    if fix:
+      raise ConfigError(f'{origin.get(name, name)}={value!r} is invalid: {fix}')
 
 
 def save_policy(s: Settings) -> policies.SaveDecisionPolicy | None:

@@ -6,19 +6,13 @@ import threading
 from etils import epath
 import tensorflow.compat.v2 as tf  # paxml's own summary stack
 
-TAGS = ('autockpt/save_blocking_s', 'autockpt/save_duration_s', 'autockpt/save_interval_steps',
-        'autockpt/save_interval_s')
-
-
-def summary_dir(job_log_dir: epath.PathLike) -> epath.Path:
-  return epath.Path(job_log_dir) / 'summaries' / 'autockpt'
-
+from pax_autockpt import layout
 
 class SaveSummaries:
   """Written by the primary host only; safe to call from the commit-watcher threads."""
 
   def __init__(self, job_log_dir: epath.PathLike, enabled: bool):
-    self._writer = tf.summary.create_file_writer(os.fspath(summary_dir(job_log_dir))) if enabled else None
+    self._writer = tf.summary.create_file_writer(os.fspath(layout.summary_dir(job_log_dir))) if enabled else None
     self._lock = threading.Lock()
     self._last_start: tuple[int, float] | None = None
 

@@ -1,32 +1,31 @@
 """Shared fixtures and checks for the pax-autockpt tests."""
 
 import os
-import re
 
 import pytest
 
-from pax_autockpt import process
-
-COMPLETE = re.compile(r'^checkpoint_(\d{8})$')
-
+from pax_autockpt import events as events_lib
+from pax_autockpt import layout
+from pax_autockpt.tools import process
 
 def checkpoint_steps(job_log_dir) -> tuple[list[int], list[str]]:
-  """(complete steps, incomplete entries) in Pax's checkpoint directory."""
-  ckpt_dir = os.path.join(job_log_dir, 'checkpoints')
-  names = sorted(os.listdir(ckpt_dir)) if os.path.isdir(ckpt_dir) else []
-  complete = [int(m.group(1)) for m in map(COMPLETE.match, names) if m]
-  return complete, [n for n in names if not COMPLETE.match(n)]
+  """(committed steps, every other entry) in Pax's checkpoint directory, local or gs://."""
+  ckpt_dir = layout.checkpoint_dir(job_log_dir)
+  names = sorted(p.name for p in ckpt_dir.iterdir()) if ckpt_dir.exists() else []
+  committed = layout.committed_steps(ckpt_dir)
+  return committed, [n for n in names if layout.step_of(n) not in committed]
 
 
 def assert_restorable(job_log_dir, step: int) -> None:
-  """A committed Pax checkpoint: final name, state and metadata written."""
-  path = os.path.join(job_log_dir, 'checkpoints', f'checkpoint_{step:08d}')
-  assert os.path.isdir(os.path.join(path, 'state')), f'{path} has no state/'
-  assert os.path.isfile(os.path.join(path, 'metadata', 'metadata')), f'{path} has no metadata'
+  """A committed Pax checkpoint with its state and metadata written."""
+  path = layout.step_dir(layout.checkpoint_dir(job_log_dir), step)
+  assert layout.is_committed(path), f'{path} is not committed'
+  assert (path / 'state').is_dir(), f'{path} has no state/'
+  assert (path / 'metadata' / 'metadata').exists(), f'{path} has no metadata'
 
 
 def events_of(job_log_dir, kind: str, host: int = 0) -> list[dict]:
-  return [e for e in process.read_events(job_log_dir, host) if e['event'] == kind]
+  return [e for e in events_lib.read(job_log_dir, host) if e['event'] == kind]
 
 
 def tb_scalars(job_log_dir) -> dict[str, list[tuple[int, float]]]:

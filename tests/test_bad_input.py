@@ -11,7 +11,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = '--exp=experiments.lm_cloud_autockpt.LmCloudSpmdTinyAutockpt'
 COMMANDS = {'main': [sys.executable, '-m', 'pax_autockpt.main'],
-            'launch': [sys.executable, '-m', 'pax_autockpt.cli', 'launch']}
+            'launch': [sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch']}
 
 
 def _rows():

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pax_autockpt import process
+from pax_autockpt.tools import process
 from tests.conftest import assert_restorable, checkpoint_steps, events_of
 
 pytestmark = pytest.mark.e2e
@@ -72,7 +72,7 @@ def test_continuous_saves_back_to_back_keeps_latest_3_and_commits_on_demand_mid_
 
 def test_two_hosts_continuous_save_the_same_steps(jobs, job_dir, tmp_path):
   exp = 'experiments.lm_cloud_autockpt.LmCloudSpmdTinyMultisliceAutockpt'  # 2 hosts, DCN [2,1,1]
-  argv = [sys.executable, '-m', 'pax_autockpt.cli', 'launch', '--num_hosts=2', '--', f'--exp={exp}',
+  argv = [sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', '--num_hosts=2', '--', f'--exp={exp}',
           f'--job_log_dir={job_dir}', '--autockpt_continuous', '--autockpt_min_interval_secs=0.5',
           '--autockpt_keep_latest=100']
   job = process.Job(argv, str(tmp_path / 'launch.log'))

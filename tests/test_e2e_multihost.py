@@ -8,13 +8,15 @@ import time
 
 import pytest
 
-from pax_autockpt import process
+from pax_autockpt import events as events_lib
+from pax_autockpt import layout
+from pax_autockpt.tools import process
 from tests.conftest import assert_restorable, checkpoint_steps
 
 pytestmark = pytest.mark.e2e
 
 EXP = 'experiments.lm_cloud_autockpt.LmCloudSpmdTinyMultisliceAutockpt'
-CLI = [sys.executable, '-m', 'pax_autockpt.cli']
+CLI = [sys.executable, '-m', 'pax_autockpt.tools.cli']
 
 
 def _launch(jobs, job_dir, log, num_hosts, *extra):
@@ -29,7 +31,7 @@ def _wait_event(job_dir, host, kind, job, timeout=240, after=0.0):
   """The first `kind` event of `host` stamped after `after`."""
   deadline = time.time() + timeout
   while time.time() < deadline:
-    for e in process.read_events(job_dir, host):
+    for e in events_lib.read(job_dir, host):
       if e['event'] == kind and e['t'] >= after:
         return e
     if job.proc.poll() is not None:
@@ -40,7 +42,7 @@ def _wait_event(job_dir, host, kind, job, timeout=240, after=0.0):
 
 def _wait_training(job_dir, host, job, timeout=400):
   """Until `host` has completed a few steps (its log in JOB_LOG_DIR/autockpt/host<i>.log)."""
-  path = os.path.join(job_dir, 'autockpt', f'host{host}.log')
+  path = os.fspath(layout.host_log_path(job_dir, host))
   deadline = time.time() + timeout
   while time.time() < deadline:
     if os.path.exists(path) and 'Step `3` completed' in open(path, errors='replace').read():
@@ -52,7 +54,7 @@ def _wait_training(job_dir, host, job, timeout=400):
 
 
 def _run_events(job_dir, host):
-  events = process.read_events(job_dir, host)
+  events = events_lib.read(job_dir, host)
   last = max(i for i, e in enumerate(events) if e['event'] == 'start')
   return events[last:]
 
@@ -78,7 +80,7 @@ def test_sigterm_to_one_host_saves_the_same_step_on_all_and_relaunch_restores_it
     jobs, job_dir, tmp_path):
   first = _launch(jobs, job_dir, str(tmp_path / 'launch1.log'), 2)
   _wait_training(job_dir, 1, first)
-  pid1 = process.read_events(job_dir, 1)[0]['pid']
+  pid1 = events_lib.read(job_dir, 1)[0]['pid']
   time.sleep(1.0)
   sent = time.time()
   os.kill(pid1, signal.SIGTERM)  # host 1 only, as a maintenance event on one VM
@@ -103,7 +105,7 @@ def test_sigterm_to_one_host_saves_the_same_step_on_all_and_relaunch_restores_it
 def test_sigkill_of_one_host_makes_the_others_exit_nonzero_within_the_bound(jobs, job_dir, tmp_path):
   job = _launch(jobs, job_dir, str(tmp_path / 'launch.log'), 2, '--peer_exit_secs=60')
   _wait_training(job_dir, 1, job)
-  pid1 = process.read_events(job_dir, 1)[0]['pid']
+  pid1 = events_lib.read(job_dir, 1)[0]['pid']
   killed = time.time()
   os.kill(pid1, signal.SIGKILL)
   code = job.wait(120)
@@ -126,11 +128,11 @@ def test_sigkill_of_the_launcher_preempts_every_host(jobs, job_dir, tmp_path):
   job.wait(30)
   deadline = time.time() + 120
   while time.time() < deadline and not all(
-      any(e['event'] == 'exit' for e in process.read_events(job_dir, h)) for h in range(2)):
+      any(e['event'] == 'exit' for e in events_lib.read(job_dir, h)) for h in range(2)):
     time.sleep(0.2)
   _assert_all_preempted_at_same_step(job_dir, 2, restored=None)
   for host in range(2):  # gone (or a zombie waiting for init to reap it)
-    pid = process.read_events(job_dir, host)[0]['pid']
+    pid = events_lib.read(job_dir, host)[0]['pid']
     deadline = time.time() + 30
     while time.time() < deadline and _alive(pid):
       time.sleep(0.2)

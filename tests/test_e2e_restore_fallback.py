@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pax_autockpt import process
+from pax_autockpt.tools import process
 from tests.conftest import checkpoint_steps, events_of
 
 pytestmark = pytest.mark.e2e

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from pax_autockpt import process
+from pax_autockpt import events as events_lib
+from pax_autockpt.tools import process
 from tests.conftest import assert_restorable, checkpoint_steps, events_of, tb_scalars
 
 pytestmark = pytest.mark.e2e
@@ -60,7 +61,7 @@ def _assert_preempted_run(job_dir, *, restored, exit_code=143) -> int:
 
 def events_of_run(job_dir, host=0):
   """Events of the newest process start on `host`."""
-  events = process.read_events(job_dir, host)
+  events = events_lib.read(job_dir, host)
   last_start = max(i for i, e in enumerate(events) if e['event'] == 'start')
   return events[last_start:]
 

@@ -417,7 +417,7 @@ def test_bad_port(port):
     (4, 4, [1, 4, 2], [2, 1, 1]),
 ])
 def test_check_mesh_ok(num_hosts, devices_per_host, ici, dcn):
-  assert check_mesh(Wiring(0, num_hosts, 'a:1', 'explicit'), ici_mesh_shape=ici, dcn_mesh_shape=dcn,
+  assert check_mesh(num_hosts=num_hosts, ici_mesh_shape=ici, dcn_mesh_shape=dcn,
                     devices_per_host=devices_per_host) is None
 
 
@@ -432,7 +432,7 @@ def test_check_mesh_ok(num_hosts, devices_per_host, ici, dcn):
 ])
 def test_check_mesh_mismatch(num_hosts, devices_per_host, ici, dcn, fragment):
   with pytest.raises(WiringError) as info:
-    check_mesh(Wiring(0, num_hosts, 'a:1', 'explicit'), ici_mesh_shape=ici, dcn_mesh_shape=dcn,
+    check_mesh(num_hosts=num_hosts, ici_mesh_shape=ici, dcn_mesh_shape=dcn,
                devices_per_host=devices_per_host)
   assert '\n' not in str(info.value)
   assert fragment in str(info.value)

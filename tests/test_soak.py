@@ -2,7 +2,7 @@
 
 import pytest
 
-from pax_autockpt import soak
+from pax_autockpt.tools import soak
 
 pytestmark = pytest.mark.e2e
 

@@ -25,10 +25,12 @@ import sys
 import tempfile
 import time
 
-from pax_autockpt import process
-from pax_autockpt import report as report_lib
+from pax_autockpt import events as events_lib
+from pax_autockpt import layout
+from pax_autockpt.tools import process
+from pax_autockpt.tools import report as report_lib
 
-_B = 'pax_autockpt.bench_experiments.'
+_B = 'pax_autockpt.tools.bench_experiments.'
 _STEP_DONE = r'\[PAX STATUS\]: Step `\d+` completed'
 _RATE = re.compile(r'steps/sec: ([0-9.]+)')
 
@@ -113,7 +115,7 @@ def first_step_secs(argv, workdir, name, job_dir):
 def _on_demand_save_vs_raw(workdir, job_dir):
   """The on-demand save (start -> commit, loop blocking, from the event log) of a preempted run,
   against a raw write + fsync of its newest checkpoint's bytes."""
-  evs = process.read_events(job_dir)
+  evs = events_lib.read(job_dir)
   step = next((e['step'] for e in evs if e.get('event') == 'preemption'), None)
   save = {}
   for e in evs:
@@ -121,8 +123,8 @@ def _on_demand_save_vs_raw(workdir, job_dir):
       save['blocking_s'] = e.get('blocking_s')
     if e.get('step') == step and e.get('event') == 'save_committed':
       save['save_s'] = e.get('duration_s')
-  ckpt = os.path.join(job_dir, 'checkpoints')
-  nbytes = _dir_bytes(os.path.join(ckpt, sorted(os.listdir(ckpt))[-1]))
+  ckpt = layout.checkpoint_dir(job_dir)
+  nbytes = _dir_bytes(os.fspath(layout.step_dir(ckpt, layout.newest_committed(ckpt))))
   raw = raw_write_secs(workdir, nbytes)
   return dict(bytes=nbytes, save_s=save.get('save_s'), blocking_s=save.get('blocking_s'),
               raw_write_fsync_s=raw, ratio_save_vs_raw=(save.get('save_s') or float('nan')) / raw)
@@ -199,10 +201,10 @@ def scenario_e(workdir, secs, port):
 def _launch_timed(workdir, name, secs, *flags):
   """2 local hosts through the launcher; mean step time on host 0 after warm-up."""
   job_dir = os.path.join(workdir, name)
-  argv = [sys.executable, '-m', 'pax_autockpt.cli', 'launch', '--num_hosts=2', '--',
+  argv = [sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', '--num_hosts=2', '--',
           f'--exp={_B}TinyMultisliceRareSaves', f'--job_log_dir={job_dir}', *flags]
   job = process.Job(argv, os.path.join(workdir, f'{name}.log'))
-  host0 = os.path.join(job_dir, 'autockpt', 'host0.log')
+  host0 = os.fspath(layout.host_log_path(job_dir, 0))
   try:
     deadline = time.time() + 600
     while not (os.path.exists(host0) and 'Step `3` completed' in open(host0, errors='replace').read()):
@@ -236,7 +238,7 @@ def _continuous_saves(workdir, name, secs, *flags):
   base = _base(process.ours_argv(f'{_B}TinyAutockpt', ''))
   _, job_dir = timed_run([*base, '--autockpt_continuous', '--autockpt_keep_latest=3', *flags],
                          workdir, name, secs)
-  evs = process.read_events(job_dir)[3:]  # past the first saves' compilation and warm-up
+  evs = events_lib.read(job_dir)[3:]  # past the first saves' compilation and warm-up
   blocking = [e['blocking_s'] for e in evs if e.get('event') == 'save_started']
   duration = [e['duration_s'] for e in evs if e.get('event') == 'save_committed']
   return dict(saves=len(blocking), blocking_s_p50=statistics.median(blocking),

@@ -17,8 +17,9 @@ import threading
 import time
 from typing import Sequence
 
-from pax_autockpt import events as events_lib
 from pax_autockpt import hosts
+from pax_autockpt import layout
+from pax_autockpt import settings as settings_lib
 
 # Console tail: the plugin's own lines and failures; everything goes to the host's log file.
 _TAIL = re.compile(r'\[autockpt\]|Traceback|[A-Z][A-Za-z]*Error\b|^error:|Fatal|Aborted')
@@ -41,14 +42,28 @@ class LaunchError(ValueError):
   """Bad launcher arguments (exit 2)."""
 
 
-def _job_log_dir(args: Sequence[str]) -> str:
+def _flag(args: Sequence[str], name: str) -> str | None:
+  """The value of `--name=V` or `--name V` among the hosts' flags."""
   for i, arg in enumerate(args):
-    if arg.startswith('--job_log_dir='):
+    if arg.startswith(f'--{name}='):
       return arg.split('=', 1)[1]
-    if arg == '--job_log_dir' and i + 1 < len(args):
+    if arg == f'--{name}' and i + 1 < len(args):
       return args[i + 1]
-  raise LaunchError('--job_log_dir is missing after "--": pass the training flags, e.g. '
-                    'pax-autockpt launch --num_hosts 2 -- --exp=... --job_log_dir=DIR')
+  return None
+
+
+def _job_log_dir(args: Sequence[str]) -> str:
+  found = _flag(args, 'job_log_dir')
+  if found is None:
+    raise LaunchError('--job_log_dir is missing after "--": pass the training flags, e.g. '
+                      'pax-autockpt launch --num_hosts 2 -- --exp=... --job_log_dir=DIR')
+  return found
+
+
+def _preemption_exit_code(args: Sequence[str]) -> int:
+  """The hosts' --autockpt_exit_code, else the default: an exit with it is not a failure."""
+  value = _flag(args, 'autockpt_exit_code') or ''
+  return int(value) if value.isdigit() else settings_lib.DEFAULT_EXIT_CODE
 
 
 def validate(cfg: LaunchConfig) -> None:
@@ -75,13 +90,11 @@ def host_argv(cfg: LaunchConfig, host: int, port: int) -> list[str]:
           '--jax_cpu_enable_gloo_collectives=true']
 
 
-def host_env(cfg: LaunchConfig, host: int) -> dict[str, str]:
+def host_env() -> dict[str, str]:
   env = dict(os.environ)
   env.setdefault('JAX_PLATFORMS', 'cpu')
   xla_flags = re.sub(r'--xla_force_host_platform_device_count=\S+', '', env.get('XLA_FLAGS', ''))
   env['XLA_FLAGS'] = (xla_flags + ' --xla_force_host_platform_device_count=1').strip()
-  env['AUTOCKPT_SLICE_ID'] = str(host // (cfg.num_hosts // cfg.num_slices))
-  env['AUTOCKPT_NUM_SLICES'] = str(cfg.num_slices)
   return env
 
 
@@ -132,11 +145,12 @@ def launch(cfg: LaunchConfig) -> int:
   """Starts the hosts, forwards SIGTERM/SIGINT, waits; the first non-zero code in host order wins."""
   validate(cfg)
   port = cfg.port or hosts.free_loopback_port()
-  log_dir = events_lib.log_dir(_job_log_dir(cfg.args))
+  job_log_dir = _job_log_dir(cfg.args)
+  log_dir = layout.autockpt_dir(job_log_dir)
   log_dir.mkdir(parents=True, exist_ok=True)
   print(f'[launch] {cfg.num_hosts} hosts in {cfg.num_slices} slice(s), coordinator 127.0.0.1:{port}, '
         f'logs {log_dir}/host<i>.log', flush=True)
-  children = [_Host(i, host_argv(cfg, i, port), host_env(cfg, i), os.fspath(log_dir / f'host{i}.log'))
+  children = [_Host(i, host_argv(cfg, i, port), host_env(), os.fspath(layout.host_log_path(job_log_dir, i)))
               for i in range(cfg.num_hosts)]
 
   def forward(signum, frame):
@@ -154,7 +168,7 @@ def launch(cfg: LaunchConfig) -> int:
     timer.daemon = True
     timer.start()
   try:
-    codes = _wait(children, cfg.peer_exit_secs)
+    codes = _wait(children, cfg.peer_exit_secs, clean=(0, _preemption_exit_code(cfg.args)))
   finally:
     for s, handler in previous.items():
       signal.signal(s, handler)
@@ -164,14 +178,14 @@ def launch(cfg: LaunchConfig) -> int:
   return next((c for c in codes if c != 0), 0)
 
 
-def _wait(children: list[_Host], peer_exit_secs: float) -> list[int]:
-  """Waits for all; once a host failed (not 0, not a clean preemption exit), SIGKILLs stragglers."""
+def _wait(children: list[_Host], peer_exit_secs: float, clean: tuple[int, ...]) -> list[int]:
+  """Waits for all; once a host failed (not a `clean` exit), SIGKILLs the others after a while."""
   deadline = None
   while True:
     codes = [c.proc.poll() for c in children]
     if all(code is not None for code in codes):
       return [_exit_code(code) for code in codes]
-    failed = [c for c, code in zip(children, codes) if code is not None and code not in (0, 143)]
+    failed = [c for c, code in zip(children, codes) if code is not None and code not in clean]
     if failed and deadline is None:
       deadline = time.time() + peer_exit_secs
       print(f'[launch] host {failed[0].idx} failed ({_exit_code(failed[0].proc.returncode)}); '

@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from pax_autockpt import launcher
+from pax_autockpt.tools import launcher
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,10 +46,10 @@ def main(argv: list[str] | None = None) -> int:
       print(f'error: {e}', file=sys.stderr)
       return 2
   if args.command == 'report':
-    from pax_autockpt import report  # pylint: disable=g-import-not-at-top  (matplotlib)
+    from pax_autockpt.tools import report  # pylint: disable=g-import-not-at-top  (matplotlib)
     return report.run(args.job_log_dir, mtbf_hours=args.mtbf_hours, plot_path=args.plot,
                       as_json=args.json)
-  from pax_autockpt import demo  # pylint: disable=g-import-not-at-top
+  from pax_autockpt.tools import demo  # pylint: disable=g-import-not-at-top
   return demo.run(args.workdir)
 
 

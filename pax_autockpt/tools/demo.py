@@ -5,7 +5,8 @@ import signal
 import sys
 import time
 
-from pax_autockpt import process
+from pax_autockpt import events as events_lib
+from pax_autockpt.tools import process
 
 _STEP_DONE = r'\[PAX STATUS\]: Step `\d+` completed'
 
@@ -15,7 +16,7 @@ def _say(msg: str) -> None:
 
 
 def _events(job_log_dir: str, kind: str) -> list[dict]:
-  return [e for e in process.read_events(job_log_dir) if e['event'] == kind]
+  return [e for e in events_lib.read(job_log_dir) if e['event'] == kind]
 
 
 def run(workdir: str | None = None, *, train_secs: float = 3.0) -> int:
@@ -62,7 +63,7 @@ def run(workdir: str | None = None, *, train_secs: float = 3.0) -> int:
   print(f'  run 2 exit code              : {code2}, trained to step {final}')
   print(f'  report                       : pax-autockpt report {job_log_dir}')
   print()
-  from pax_autockpt import report  # pylint: disable=g-import-not-at-top  (matplotlib)
+  from pax_autockpt.tools import report  # pylint: disable=g-import-not-at-top  (matplotlib)
   print(report.format_text(report.load(job_log_dir)))
   ok = code1 == 143 and on_demand is not None and resumed == on_demand and code2 == 0
   print('  result                       : ' + ('resumed from the on-demand step' if ok else 'FAILED'))

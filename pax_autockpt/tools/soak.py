@@ -18,7 +18,8 @@ import tempfile
 import time
 
 from pax_autockpt import events as events_lib
-from pax_autockpt import process
+from pax_autockpt import layout
+from pax_autockpt.tools import process
 
 _STEP_DONE = r'\[PAX STATUS\]: Step `\d+` completed'
 _RESTORING = r'\[PAX STATUS\]: Starting checkpoint load'
@@ -52,8 +53,9 @@ def _runs(job_dir, num_hosts):
   return out
 
 
-def _committed(job_dir, host=0):
-  return {e['step'] for e in events_lib.read(job_dir, host) if e['event'] == 'save_committed'}
+def _committed(job_dir):
+  """What is committed on storage now: a restart must restore the newest of these."""
+  return set(layout.committed_steps(layout.checkpoint_dir(job_dir)))
 
 
 def _count(job_dir, kind):
@@ -63,7 +65,7 @@ def _count(job_dir, kind):
 def _start(argv, num_hosts, log):
   if num_hosts == 1:
     return process.Job(argv, log)
-  return process.Job([sys.executable, '-m', 'pax_autockpt.cli', 'launch', f'--num_hosts={num_hosts}',
+  return process.Job([sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', f'--num_hosts={num_hosts}',
                       '--', *argv[3:]], log)
 
 
@@ -78,7 +80,7 @@ def _wait(cond, job, timeout=300):
 
 def _hit(job, job_dir, moment, rng, starts):
   """Waits for the moment; False if the run ended (or never got there) first."""
-  host0_log = os.path.join(job_dir, 'autockpt', 'host0.log')
+  host0_log = os.fspath(layout.host_log_path(job_dir, 0))
   seen = os.path.getsize(host0_log) if os.path.exists(host0_log) else 0  # earlier cycles' lines
 
   def launched_log():
@@ -192,7 +194,7 @@ def run(cycles, num_hosts, workdir, seed, exp, target_step, interval=500):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog='python -m pax_autockpt.soak', description=__doc__)
+  parser = argparse.ArgumentParser(prog='python -m pax_autockpt.tools.soak', description=__doc__)
   parser.add_argument('--cycles', type=int, default=30)
   parser.add_argument('--num_hosts', type=int, default=1)
   parser.add_argument('--seed', type=int, default=0)
@@ -201,8 +203,8 @@ def main(argv=None):
   # One host trains ~150 steps/s: 30 cycles would pass the tiny model's 2000 steps long before the
   # last signal. Two hosts train ~20 steps/s, so they save more often.
   exp, target, interval = (
-      ('pax_autockpt.bench_experiments.TinySoakAutockpt', 12_000, 500) if args.num_hosts == 1 else
-      ('pax_autockpt.bench_experiments.TinyMultisliceSoakAutockpt', 3000, 100))
+      ('pax_autockpt.tools.bench_experiments.TinySoakAutockpt', 12_000, 500) if args.num_hosts == 1 else
+      ('pax_autockpt.tools.bench_experiments.TinyMultisliceSoakAutockpt', 3000, 100))
   workdir = args.workdir or tempfile.mkdtemp(prefix='autockpt-soak-')
   os.makedirs(workdir, exist_ok=True)
   start = time.time()

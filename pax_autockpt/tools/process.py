@@ -9,7 +9,6 @@ import sys
 import time
 from typing import Sequence
 
-from pax_autockpt import events as events_lib
 
 TINY_EXP = 'experiments.lm_cloud_autockpt.LmCloudSpmdTinyAutockpt'
 
@@ -25,10 +24,6 @@ def stock_argv(exp: str, job_log_dir: str, *flags: str) -> list[str]:
   paxml_dir = importlib.util.find_spec('paxml').submodule_search_locations[0]
   return [sys.executable, os.path.join(paxml_dir, 'main.py'), f'--exp={exp}',
           f'--job_log_dir={job_log_dir}', *flags]
-
-
-def read_events(job_log_dir: str, host: int = 0) -> list[dict]:
-  return events_lib.read(job_log_dir, host)
 
 
 class Job:

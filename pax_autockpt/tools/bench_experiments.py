@@ -1,6 +1,6 @@
 """Experiments for `make bench` and `make soak` only: stock baselines (no hook) and larger CPU states.
 
-`--exp=pax_autockpt.bench_experiments.<Name>`. The `*Stock` classes are the same models without
+`--exp=pax_autockpt.tools.bench_experiments.<Name>`. The `*Stock` classes are the same models without
 AutockptMixin, for stock paxml/main.py; the others carry the hook.
 """
 

@@ -1,0 +1,196 @@
+"""Every name in a job directory, and the one rule for whether a checkpoint is committed.
+
+JOB_LOG_DIR/
+  checkpoints/checkpoint_%08d/       Pax's checkpoints (orbax writes them)
+  autockpt/events.host<IDX>.jsonl    the event log (CONTRACT §6); on object storage in parts:
+  autockpt/events.host<IDX>.<PART>.jsonl
+  autockpt/host<IDX>.log             a host's output under `pax-autockpt launch`
+  autockpt/unrestorable/             damaged checkpoints moved aside (local disk)
+  summaries/autockpt/                the save scalars for TensorBoard
+
+Committed means complete on storage, and differs by storage because orbax 0.5.9 commits differently:
+on a local disk it writes `checkpoint_N.orbax-checkpoint-tmp-<time>` and renames it, so the final
+name is the commit; on gs:// (no atomic rename) it writes under the final name and adds
+`commit_success.txt` last, so that object is the commit. `is_committed` is the only place that
+decides; everything else (restore choice, history, preservation, the exit-143 check, report, soak,
+bench, tests) asks it.
+"""
+
+import re
+import time
+
+from etils import epath
+
+CHECKPOINTS = 'checkpoints'
+COMMIT_MARKER = 'commit_success.txt'  # orbax's, on object storage
+# Ours, on object storage: a committed checkpoint found damaged loses its commit marker and gets
+# this one, which says why and keeps orbax's start-up clean-up from deleting it.
+UNRESTORABLE_MARKER = 'autockpt_unrestorable.txt'
+ORBAX_TMP = '.orbax-checkpoint-tmp-'
+_STEP = re.compile(r'checkpoint_(\d{8})')
+_EVENTS = re.compile(r'events\.host(\d+)(?:\.(\d{6}))?\.jsonl')
+
+
+def is_object_store(path: epath.PathLike) -> bool:
+  """gs:// and the like: no rename, no append; a "directory" is a name prefix."""
+  return '://' in str(path)
+
+
+def checkpoint_dir(job_log_dir: epath.PathLike) -> epath.Path:
+  return epath.Path(job_log_dir) / CHECKPOINTS
+
+
+def step_dir(ckpt_dir: epath.PathLike, step: int) -> epath.Path:
+  """Pax's layout: checkpoint_%08d."""
+  return epath.Path(ckpt_dir) / f'checkpoint_{step:08d}'
+
+
+def step_of(name: str) -> int | None:
+  """The step of a final checkpoint name (`checkpoint_00001000` -> 1000), else None."""
+  m = _STEP.fullmatch(name)
+  return int(m.group(1)) if m else None
+
+
+def is_committed(path: epath.Path) -> bool:
+  """Whether a checkpoint directory is complete on its storage (see the module docstring)."""
+  if step_of(path.name) is None:
+    return False
+  if is_object_store(path):
+    return (path / COMMIT_MARKER).exists()
+  return path.is_dir()
+
+
+def _step_dirs(ckpt_dir: epath.Path) -> list[tuple[int, epath.Path]]:
+  """(step, path) of every entry under a final checkpoint name, newest first."""
+  if not ckpt_dir.exists():
+    return []
+  found = ((step_of(p.name), p) for p in ckpt_dir.iterdir())
+  return sorted(((s, p) for s, p in found if s is not None), key=lambda sp: -sp[0])
+
+
+def committed_steps(ckpt_dir: epath.PathLike) -> list[int]:
+  """Committed steps, oldest first (one existence check per step on object storage)."""
+  return sorted(s for s, p in _step_dirs(epath.Path(ckpt_dir)) if is_committed(p))
+
+
+def newest_committed(ckpt_dir: epath.PathLike) -> int | None:
+  """The newest committed step; checks from the newest down, so usually one check."""
+  return next((s for s, p in _step_dirs(epath.Path(ckpt_dir)) if is_committed(p)), None)
+
+
+def leftovers(ckpt_dir: epath.PathLike, step: int) -> list[epath.Path]:
+  """What a failed save of `step` left: orbax's temporary directories, or on object storage the
+  final name without a commit marker (never a checkpoint marked unrestorable)."""
+  path = step_dir(ckpt_dir, step)
+  if is_object_store(path):
+    if path.exists() and not is_committed(path) and not (path / UNRESTORABLE_MARKER).exists():
+      return [path]
+    return []
+  return list(epath.Path(ckpt_dir).glob(f'{path.name}{ORBAX_TMP}*'))
+
+
+def is_marked_unrestorable(path: epath.Path) -> bool:
+  return is_object_store(path) and (path / UNRESTORABLE_MARKER).exists()
+
+
+def marked_unrestorable_steps(ckpt_dir: epath.PathLike) -> list[int]:
+  """Object storage: steps whose name a damaged checkpoint, marked in place, still holds."""
+  if not is_object_store(ckpt_dir):
+    return []
+  return sorted(s for s, p in _step_dirs(epath.Path(ckpt_dir))
+                if not is_committed(p) and is_marked_unrestorable(p))
+
+
+def _aside_path(job_log_dir: epath.PathLike, path: epath.Path) -> epath.Path:
+  aside = unrestorable_dir(job_log_dir) / path.name
+  return aside.with_name(f'{aside.name}.{int(time.time())}') if aside.exists() else aside
+
+
+def set_aside_damaged(job_log_dir: epath.PathLike, path: epath.Path, reason: str) -> str:
+  """Takes a damaged checkpoint out of every listing (ours, orbax's, stock paxml's) without
+  deleting it, in O(1) storage requests; returns where it is now, for the log.
+
+  Local disk: renamed into JOB_LOG_DIR/autockpt/unrestorable/. Object storage, where a rename is a
+  copy of every object: marked in place, our marker (with the reason) first, then orbax's commit
+  marker removed. A crash between the two leaves it committed and damaged, so the next restore finds
+  it again and finishes the job.
+  """
+  if is_object_store(path):
+    (path / UNRESTORABLE_MARKER).write_text(f'{reason}\n')
+    (path / COMMIT_MARKER).unlink(missing_ok=True)
+    return f'marked unrestorable in place ({UNRESTORABLE_MARKER})'
+  aside = _aside_path(job_log_dir, path)
+  aside.parent.mkdir(parents=True, exist_ok=True)
+  path.rename(aside)
+  return f'moved to {aside}'
+
+
+def move_aside(job_log_dir: epath.PathLike, path: epath.Path) -> epath.Path:
+  """Frees a step's name for a new save: renames, or on object storage copies then deletes."""
+  aside = _aside_path(job_log_dir, path)
+  if not is_object_store(path):
+    aside.parent.mkdir(parents=True, exist_ok=True)
+    path.rename(aside)
+    return aside
+  for folder, _, files in path.walk():
+    for name in files:
+      source = epath.Path(folder) / name
+      target = aside / source.relative_to(path)
+      target.parent.mkdir(parents=True, exist_ok=True)
+      source.copy(target)
+  path.rmtree()
+  return aside
+
+
+def uncommit_and_delete(path: epath.Path) -> None:
+  """Deletes a checkpoint so that a crash half-way never leaves something that looks committed:
+  first the commit goes (the marker object, or the final name by an atomic rename), then the rest."""
+  if is_object_store(path):
+    (path / COMMIT_MARKER).unlink(missing_ok=True)
+    path.rmtree(missing_ok=True)
+    return
+  doomed = path.with_name(f'{path.name}{ORBAX_TMP}deleting')
+  if doomed.exists():
+    doomed.rmtree()
+  path.rename(doomed)
+  doomed.rmtree()
+
+
+# --- the plugin's own files ----------------------------------------------------------------------
+
+
+def autockpt_dir(job_log_dir: epath.PathLike) -> epath.Path:
+  return epath.Path(job_log_dir) / 'autockpt'
+
+
+def unrestorable_dir(job_log_dir: epath.PathLike) -> epath.Path:
+  return autockpt_dir(job_log_dir) / 'unrestorable'
+
+
+def events_path(job_log_dir: epath.PathLike, host: int, part: int | None = None) -> epath.Path:
+  """A host's event log; on object storage, part `part` of it."""
+  suffix = '' if part is None else f'.{part:06d}'
+  return autockpt_dir(job_log_dir) / f'events.host{host}{suffix}.jsonl'
+
+
+def event_files(job_log_dir: epath.PathLike) -> dict[int, list[epath.Path]]:
+  """Host -> its event files in write order (the whole file, or its parts by number)."""
+  folder = autockpt_dir(job_log_dir)
+  if not folder.is_dir():
+    return {}
+  found: dict[int, list[tuple[int, epath.Path]]] = {}
+  for p in folder.iterdir():
+    m = _EVENTS.fullmatch(p.name)
+    if m:
+      found.setdefault(int(m.group(1)), []).append((int(m.group(2) or -1), p))
+  return {host: [p for _, p in sorted(parts)] for host, parts in sorted(found.items())}
+
+
+def host_log_path(job_log_dir: epath.PathLike, host: int) -> epath.Path:
+  """A host's output under `pax-autockpt launch`."""
+  return autockpt_dir(job_log_dir) / f'host{host}.log'
+
+
+def summary_dir(job_log_dir: epath.PathLike) -> epath.Path:
+  """The save scalars, beside Pax's own summaries (`tensorboard --logdir JOB_LOG_DIR/summaries`)."""
+  return epath.Path(job_log_dir) / 'summaries' / 'autockpt'

@@ -1,0 +1,27 @@
+"""How training ends early: the checkpointer raises, the executor alone turns it into an exit code.
+
+As MaxText's StopTraining: the code that notices (the checkpointer, inside Pax's loop) does not decide
+how the process ends; `AutockptExecutor.start` catches these, writes the `exit` event and exits.
+"""
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class StopTraining(Exception):
+  """The training loop ends at `step`."""
+
+  step: int | None
+  message: str
+
+  def __str__(self) -> str:
+    return self.message
+
+
+class Preempted(StopTraining):
+  """A preemption signal was handled: the agreed step is committed (or saving is off); exit with the
+  configured preemption code (143 by default) so that the scheduler restarts the job."""
+
+
+class SaveFailed(StopTraining):
+  """The on-demand save did not commit; a restart resumes from the newest committed checkpoint."""
