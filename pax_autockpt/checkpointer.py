@@ -260,8 +260,17 @@ class AutockptCheckpointer:
       # Kept in the decision history: a failed attempt still counts for the minimum interval.
       logging.info('[autockpt] dropping the failed save of step %s: %s', failed, one_line(e))
       if self._events.host == 0 and failed is not None:
-        for leftover in layout.leftovers(self.checkpoint_dir, failed):
-          leftover.rmtree()  # never committed, so nothing is lost; it would only take the space
+        self._remove_leftovers(failed)
+
+  def _remove_leftovers(self, step: int) -> None:
+    """Never committed, so nothing is lost; left, they would only take the space (and on object
+    storage orbax removes them at the next start anyway, so a failure here is only logged)."""
+    try:
+      for leftover in layout.leftovers(self.checkpoint_dir, step):
+        leftover.rmtree()
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning('[autockpt] could not remove what the failed save of step %d left: %s', step,
+                      one_line(e))
 
   def _preserve(self) -> None:
     """Deletes what the preservation policy does not keep (primary host, after a commit)."""

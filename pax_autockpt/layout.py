@@ -4,7 +4,7 @@ JOB_LOG_DIR/
   checkpoints/checkpoint_%08d/       Pax's checkpoints (orbax writes them)
   autockpt/events.host<IDX>.jsonl    the event log (CONTRACT §6); on object storage in parts:
   autockpt/events.host<IDX>.<PART>.jsonl
-  autockpt/host<IDX>.log             a host's output under `pax-autockpt launch`
+  autockpt/host<IDX>.log             a host's output under `pax-autockpt launch` (local disk only)
   autockpt/unrestorable/             damaged checkpoints moved aside (local disk)
   summaries/autockpt/                the save scalars for TensorBoard
 
@@ -17,6 +17,7 @@ bench, tests) asks it.
 """
 
 import re
+import tempfile
 import time
 
 from etils import epath
@@ -27,7 +28,7 @@ COMMIT_MARKER = 'commit_success.txt'  # orbax's, on object storage
 # this one, which says why and keeps orbax's start-up clean-up from deleting it.
 UNRESTORABLE_MARKER = 'autockpt_unrestorable.txt'
 ORBAX_TMP = '.orbax-checkpoint-tmp-'
-_STEP = re.compile(r'checkpoint_(\d{8})')
+_STEP = re.compile(r'checkpoint_(\d{8,})')
 _EVENTS = re.compile(r'events\.host(\d+)(?:\.(\d{6}))?\.jsonl')
 
 
@@ -187,7 +188,11 @@ def event_files(job_log_dir: epath.PathLike) -> dict[int, list[epath.Path]]:
 
 
 def host_log_path(job_log_dir: epath.PathLike, host: int) -> epath.Path:
-  """A host's output under `pax-autockpt launch`."""
+  """A host's output under `pax-autockpt launch`: beside the event log, or for a job on object
+  storage (which cannot append) in a local folder named after it, $TMPDIR/pax-autockpt-logs/<bucket>/<path>/."""
+  if is_object_store(job_log_dir):
+    local = str(job_log_dir).split('://', 1)[1].strip('/')
+    return epath.Path(tempfile.gettempdir()) / 'pax-autockpt-logs' / local / f'host{host}.log'
   return autockpt_dir(job_log_dir) / f'host{host}.log'
 
 

@@ -54,3 +54,33 @@ def jobs():
   yield started
   for job in started:
     job.kill()
+
+
+@pytest.fixture(scope='session')
+def local_gcs(tmp_path_factory):
+  """One local GCS server per test session (per xdist worker), stopped by pid at the end.
+
+  Its variables go into this process's environment, so that the tests' own checks (layout, events,
+  report on gs://) and every training process they start use it through TF's built-in client.
+  """
+  from pax_autockpt.tools import local_gcs as local_gcs_lib  # pylint: disable=g-import-not-at-top
+  gcs = local_gcs_lib.LocalGCS(str(tmp_path_factory.mktemp('gcs'))).start()
+  saved = dict(os.environ)
+  os.environ.update(gcs.env())
+  os.environ['GCS_STAT_CACHE_MAX_AGE'] = '0'  # the checks here must see other processes' writes at once
+  os.environ['TF_CPP_MIN_LOG_LEVEL'] = '1'  # not one INFO line per anonymous request
+  try:
+    yield gcs
+  finally:
+    os.environ.clear()
+    os.environ.update(saved)
+    gcs.stop()
+
+
+@pytest.fixture
+def gcs(local_gcs, request):
+  """The session's local GCS, normal service and zeroed counters for this test."""
+  local_gcs.set_faults()
+  local_gcs.stats(reset=True)
+  yield local_gcs
+  local_gcs.set_faults()

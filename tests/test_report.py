@@ -1,4 +1,4 @@
-"""Tests of `pax_autockpt.report` on synthetic job directories (no training, no JAX)."""
+"""Tests of `pax_autockpt.tools.report` on synthetic job directories (no training, no JAX)."""
 
 import io
 import json
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from pax_autockpt import report
+from pax_autockpt.tools import report
 
 T0 = 1_700_000_000.0
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'

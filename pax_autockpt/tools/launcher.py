@@ -146,7 +146,7 @@ def launch(cfg: LaunchConfig) -> int:
   validate(cfg)
   port = cfg.port or hosts.free_loopback_port()
   job_log_dir = _job_log_dir(cfg.args)
-  log_dir = layout.autockpt_dir(job_log_dir)
+  log_dir = layout.host_log_path(job_log_dir, 0).parent
   log_dir.mkdir(parents=True, exist_ok=True)
   print(f'[launch] {cfg.num_hosts} hosts in {cfg.num_slices} slice(s), coordinator 127.0.0.1:{port}, '
         f'logs {log_dir}/host<i>.log', flush=True)

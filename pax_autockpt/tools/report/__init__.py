@@ -1,0 +1,105 @@
+"""`pax-autockpt report JOB_LOG_DIR`: checkpoint timeline and figures from the event log (CONTRACT §6).
+
+Reads only the event logs `JOB_LOG_DIR/autockpt/events.host<IDX>.jsonl` (through
+`pax_autockpt.events`, the one reader) and the listing of `JOB_LOG_DIR/checkpoints`. Each line is
+parsed with `json.loads` and nothing else: no pickle, no eval, nothing from the job directory is
+ever executed or imported.
+
+How the figures are derived (the interpretations the contract leaves open):
+- Lines that are not a JSON object with a string "event" and a finite numeric "t" are skipped and
+  counted in `unparsable_lines`. A killed writer can leave a torn line with the next process's first
+  record appended to it; the trailing record is salvaged (still with `json.loads`), the torn part counted.
+- A *run* is one process start on one host: a `start` event and every later event in that host's file
+  up to the next `start`. Run `k` of every host is the job's k-th run (hosts restart together).
+- Saves, preemptions, deletions and skipped restores are logged by every host. The k-th event of one
+  kind for step S on a host is matched with the k-th one for step S on every other host and counted
+  once (so a step saved again after a restart is a second save). A merged save takes the max
+  `blocking_s` / `duration_s` over hosts, host 0's timestamps when host 0 logged it (else the earliest
+  start / latest commit), and host 0's reason.
+- Checkpoint interval: committed saves sorted by save start time (commit time when the start was not
+  logged), across restarts; consecutive pairs with a positive step difference; seconds between their
+  start times. Percentiles interpolate linearly (numpy's default).
+- Steps lost by restart k on a host = (run k-1's exit step, else the highest step in any of its
+  `start`/`save_started`/`save_committed`/`preemption` events) - run k's `restored_step` (0 when null),
+  floored at 0; a lower bound when run k-1 has no `exit` event. Per job: the max over hosts per restart;
+  total = sum over restarts.
+- Checkpoints: complete = committed by `pax_autockpt.layout`'s rule; incomplete = the other attempts
+  in the directory (orbax's `*.orbax-checkpoint-tmp-*`, and on gs:// a `checkpoint_N` without its
+  commit marker).
+- Goodput for an MTBF of M seconds: delta = mean `blocking_s` of non-preemption saves, tau = P50
+  interval seconds, R = restart cost: per restart, downtime (previous run's last event -> next `start`)
+  plus startup (`start` -> the run's first `save_started`, minus the time the steps trained in between
+  take at the median seconds/step measured within runs; 0 when not measurable), max over hosts, mean
+  over restarts; 0 when there was no restart.
+  goodput = max(0, 1 - delta/tau - (tau/2 + R)/M); Young/Daly optimum tau_opt = sqrt(2 delta M).
+
+Modules: `model` (what a report holds), `loader` (job directory -> Report), `young_daly` (goodput),
+`text` and `timeline` (the text and the PNG). This package re-exports their public names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TextIO
+
+from pax_autockpt.tools.report import loader
+from pax_autockpt.tools.report import model
+from pax_autockpt.tools.report import text
+from pax_autockpt.tools.report import timeline
+from pax_autockpt.tools.report import young_daly
+
+REASONS = model.REASONS
+Preemption = model.Preemption
+Report = model.Report
+ReportError = model.ReportError
+Restart = model.Restart
+Run = model.Run
+Save = model.Save
+Stats = model.Stats
+format_text = text.format_text
+goodput = young_daly.goodput
+load = loader.load
+plot = timeline.plot
+
+
+def _error(msg: object) -> None:
+  print('report: error: ' + ' '.join(str(msg).split()), file=sys.stderr)
+
+
+def run(job_log_dir: str, *, mtbf_hours: float | None = None, plot_path: str | None = None,
+        as_json: bool = False, out: TextIO | None = None) -> int:
+  """Prints the report (text, or JSON with `as_json`) to `out` (sys.stdout when None).
+
+  Returns 0, or 2 after one line on stderr when the input is bad (no events, bad MTBF, unwritable plot).
+  """
+  out = sys.stdout if out is None else out
+  try:
+    if mtbf_hours is not None:
+      young_daly.checked_mtbf_hours(mtbf_hours)  # before reading: a typo fails fast
+    report = loader.load(job_log_dir)
+    if plot_path:
+      timeline.plot(report, plot_path)
+  except (model.ReportError, OSError) as e:
+    _error(e)
+    return 2
+  if as_json:
+    out.write(json.dumps(report.to_dict(mtbf_hours), indent=2, sort_keys=True, allow_nan=False)
+              + '\n')
+  else:
+    out.write(text.format_text(report, mtbf_hours) + '\n')
+    if plot_path:
+      out.write(f'plot: {plot_path}\n')
+  return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog='pax-autockpt report',
+                                   description='Checkpoint timeline and figures of a job.')
+  parser.add_argument('job_log_dir')
+  parser.add_argument('--mtbf_hours', type=float, default=None)
+  parser.add_argument('--plot', default=None, metavar='FILE.png')
+  parser.add_argument('--json', action='store_true')
+  args = parser.parse_args(argv)
+  return run(args.job_log_dir, mtbf_hours=args.mtbf_hours, plot_path=args.plot, as_json=args.json)

@@ -1,0 +1,159 @@
+"""What a report holds: plain dataclasses, so that the text, the plot and `--json` show the same
+figures, and `to_dict` is all the JSON output needs."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Iterable
+
+from pax_autockpt.tools.report import values
+
+REASONS = ('interval', 'continuous', 'preemption', 'final')
+
+
+class ReportError(ValueError):
+  """Bad input (no events, bad --mtbf_hours); its message is one line."""
+
+
+@dataclasses.dataclass
+class Stats:
+  n: int = 0
+  mean: float | None = None
+  p50: float | None = None
+  p90: float | None = None
+  max: float | None = None
+
+  @classmethod
+  def of(cls, items: Iterable[float | None]) -> Stats:
+    """The statistics of the known values (None is skipped); all None when there is none."""
+    vals = sorted(v for v in items if v is not None)
+    if not vals:
+      return cls()
+    return cls(n=len(vals), mean=sum(vals) / len(vals), p50=values.percentile(vals, 50),
+               p90=values.percentile(vals, 90), max=vals[-1])
+
+
+@dataclasses.dataclass
+class Run:
+  """One process start on one host."""
+  host: int
+  index: int                      # 0 for the first start on this host, 1 after one restart, ...
+  t_start: float | None           # None when the file does not begin with a `start` event
+  pid: int | None
+  num_hosts: int | None
+  restored_step: int | None
+  t_last: float                   # time of its last event
+  max_step: int | None            # highest step in its start/save/preemption/exit events
+  exited: bool                    # False: no `exit` event (killed, e.g. by SIGKILL)
+  exit_code: int | None
+  exit_step: int | None
+  t_exit: float | None
+  reached_step: int | None        # exit step, else max_step
+  # (time, step) for the plot; left out of the JSON output.
+  points: list[tuple[float, int]] = dataclasses.field(default_factory=list, repr=False)
+
+
+@dataclasses.dataclass
+class Save:
+  step: int
+  reason: str                     # 'unknown' when only its commit was logged
+  t: float | None                 # save_started time
+  t_committed: float | None
+  blocking_s: float | None        # max over hosts
+  duration_s: float | None        # max over hosts
+  committed: bool
+  hosts: list[int]
+  run: int | None
+
+
+@dataclasses.dataclass
+class Preemption:
+  step: int | None                # the agreed step
+  signal: str | None
+  t: float
+  hosts: list[int]
+  exit_after_s: float | None      # preemption event -> that host's exit, max over hosts
+  exit_after_s_by_host: dict[int, float]
+  exit_codes: list[int]
+
+
+@dataclasses.dataclass
+class Restart:
+  index: int                      # the new run's index (>= 1)
+  hosts: list[int]
+  reached_step: int | None        # highest step the previous run is known to have reached
+  restored_step: int | None
+  steps_lost: int
+  lower_bound: bool               # the previous run had no exit event
+  downtime_s: float | None
+  startup_s: float | None
+  cost_s: float | None
+
+
+@dataclasses.dataclass
+class Report:
+  job_log_dir: str
+  event_files: list[str]
+  t0: float                       # first event
+  t_end: float                    # last event
+  hosts: list[int]
+  num_hosts: int | None           # declared in `start` events (max)
+  starts_per_host: dict[int, int]
+  restarts: int                   # max over hosts of starts - 1
+  restored_steps: list[int | None]  # per job run (host 0's, else the lowest host's)
+  runs: list[Run]
+  saves: list[Save]
+  saves_started: int
+  saves_committed: int
+  saves_by_reason: dict[str, int]
+  committed_by_reason: dict[str, int]
+  steps_saved: list[int]          # committed steps, unique, ascending
+  blocking_s: dict[str, Stats]    # 'all' and per reason
+  duration_s: dict[str, Stats]    # committed saves: 'all' and per reason
+  interval_steps: Stats
+  interval_s: Stats
+  seconds_per_step: float | None  # median over save pairs within one run
+  preemptions: list[Preemption]
+  exit_codes: dict[int, int]      # code -> number of (host, run) exits
+  restart_details: list[Restart]
+  steps_lost_total: int
+  steps_lost_max: int
+  steps_lost_lower_bound: bool
+  deletions: int
+  deletions_by_policy: dict[str, int]
+  restore_skipped: int
+  restore_skipped_steps: list[int]
+  checkpoint_dir: str
+  checkpoints_complete: list[int]   # committed (pax_autockpt.layout's rule), ascending
+  checkpoints_incomplete: int       # attempts not committed: orbax temporaries, unmarked gs:// ones
+  newest_checkpoint: int | None
+  unparsable_lines: int
+  malformed_events: int           # valid JSON records missing a required field (e.g. an int step)
+  event_counts: dict[str, int]
+  save_cost_s: float | None       # goodput delta
+  interval_p50_s: float | None    # goodput tau
+  restart_cost_s: float           # goodput R
+  restart_cost_note: str
+
+  def to_dict(self, mtbf_hours: float | None = None) -> dict[str, Any]:
+    """JSON-native: string keys, lists, finite floats; `json.loads(json.dumps(d)) == d`."""
+    # young_daly imports this module for ReportError, so it cannot be imported at the top.
+    from pax_autockpt.tools.report import young_daly  # pylint: disable=g-import-not-at-top
+    d = dataclasses.asdict(self)
+    for r in d['runs']:
+      r.pop('points', None)
+    if mtbf_hours is not None:
+      d['goodput'] = young_daly.goodput(self, mtbf_hours)
+    return _jsonable(d)
+
+
+def _jsonable(x: Any) -> Any:
+  """Host numbers as string keys and non-finite floats as null, as JSON can hold them."""
+  if isinstance(x, dict):
+    return {str(k): _jsonable(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_jsonable(v) for v in x]
+  if isinstance(x, float) and not math.isfinite(x):
+    return None
+  return x

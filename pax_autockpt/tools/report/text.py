@@ -1,0 +1,132 @@
+"""The report as text: one line per figure, in the order an operator asks about a job."""
+
+from __future__ import annotations
+
+from pax_autockpt.tools.report import model
+from pax_autockpt.tools.report import young_daly
+
+
+def _fmt_s(seconds: float | None) -> str:
+  """A duration in the unit that keeps it readable at a glance."""
+  if seconds is None:
+    return 'n/a'
+  if abs(seconds) < 60:
+    return f'{seconds:.2g} s' if abs(seconds) < 1 else f'{seconds:.1f} s'
+  if abs(seconds) < 7200:
+    return f'{seconds / 60:.1f} min'
+  return f'{seconds / 3600:.1f} h'
+
+
+def _fmt_num(v: float | None, digits: int = 2) -> str:
+  if v is None:
+    return 'n/a'
+  if float(v).is_integer() and abs(v) >= 1:
+    return str(int(v))
+  return f'{v:.{digits}f}'
+
+
+def _fmt_steps(steps: list[int], limit: int = 8) -> str:
+  """The steps, or the first and last three of a long list, so that the line stays one line."""
+  if not steps:
+    return 'none'
+  if len(steps) <= limit:
+    return ', '.join(map(str, steps))
+  return ', '.join(map(str, steps[:3])) + ', ..., ' + ', '.join(map(str, steps[-3:]))
+
+
+def _stats_line(label: str, stats: dict[str, model.Stats]) -> str:
+  parts = []
+  for key, s in stats.items():
+    if s.n:
+      parts.append(f'{key} {s.mean:.2f}/{s.p50:.2f}/{s.p90:.2f}/{s.max:.2f}')
+  return f'{label} mean/p50/p90/max: ' + ('; '.join(parts) if parts else 'n/a')
+
+
+def _job_lines(r: model.Report) -> list[str]:
+  per_host = ', '.join(f'{h}:{n}' for h, n in r.starts_per_host.items())
+  declared = f', {r.num_hosts} declared' if r.num_hosts is not None else ''
+  restored = ', '.join('none' if s is None else str(s) for s in r.restored_steps)
+  return [f'job: {r.job_log_dir}',
+          f'hosts: {len(r.hosts)}{declared} (starts per host {per_host})',
+          f'restarts: {r.restarts} (restored steps: {restored})']
+
+
+def _save_lines(r: model.Report) -> list[str]:
+  by_reason = ', '.join(f'{k} {v}' for k, v in r.saves_by_reason.items())
+  lines = [f'saves: {r.saves_started}' + (f' ({by_reason})' if by_reason else '')
+           + f', committed {r.saves_committed}',
+           f'steps saved: {_fmt_steps(r.steps_saved)}',
+           _stats_line('save blocking s', r.blocking_s),
+           _stats_line('save duration s', r.duration_s)]
+  if r.interval_steps.n:
+    secs = ('n/a' if r.interval_s.p50 is None
+            else f'{r.interval_s.p50:.1f}/{r.interval_s.p90:.1f} s')
+    lines.append(f'interval P50/P90: {r.interval_steps.p50:.0f}/{r.interval_steps.p90:.0f} steps, '
+                 f'{secs}')
+  else:
+    lines.append('interval P50/P90: n/a (fewer than two committed saves)')
+  return lines
+
+
+def _preemption_line(r: model.Report) -> str:
+  if not r.preemptions:
+    return 'preemptions: 0'
+  steps = ', '.join('?' if p.step is None else str(p.step) for p in r.preemptions)
+  details = ', '.join(
+      f'{p.signal or "?"} -> ' + ('no exit' if p.exit_after_s is None
+                                   else f'exit {p.exit_after_s:.2f} s')
+      for p in r.preemptions)
+  return (f'preemptions: {len(r.preemptions)} at step{"s" if len(r.preemptions) > 1 else ""}'
+          f' {steps} ({details})')
+
+
+def _exit_lines(r: model.Report) -> list[str]:
+  """Exit codes, and the steps lost by restarts (a lower bound after a run was killed)."""
+  codes = ', '.join(f'{c} x{n}' for c, n in r.exit_codes.items())
+  killed = sum(1 for run in r.runs if not run.exited)
+  ge = '>= ' if r.steps_lost_lower_bound else ''
+  lost = f'steps lost: {ge}{r.steps_lost_total} total, max {ge}{r.steps_lost_max}'
+  if r.steps_lost_lower_bound:
+    lost += ' (lower bound: a run ended without an exit event)'
+  return [f'exit codes: {codes or "none"}'
+          + (f'; {killed} run(s) without an exit event' if killed else ''),
+          lost]
+
+
+def _storage_lines(r: model.Report) -> list[str]:
+  """What the checkpoint directory holds, and what the policies and restores did to it."""
+  policies = ', '.join(f'{k} {v}' for k, v in r.deletions_by_policy.items())
+  newest = f', newest {r.newest_checkpoint}' if r.newest_checkpoint is not None else ''
+  return [f'deletions: {r.deletions}' + (f' ({policies})' if policies else ''),
+          f'restore skipped: {r.restore_skipped}'
+          + (f' (steps {_fmt_steps(r.restore_skipped_steps)})' if r.restore_skipped else ''),
+          f'checkpoints: {len(r.checkpoints_complete)} complete{newest}, '
+          f'{r.checkpoints_incomplete} incomplete',
+          f'unparsable lines: {r.unparsable_lines}']
+
+
+def _goodput_line(r: model.Report, mtbf_hours: float | None) -> str:
+  if mtbf_hours is None:
+    return (f'goodput: pass --mtbf_hours H (save cost {_fmt_s(r.save_cost_s)}, '
+            f'interval {_fmt_s(r.interval_p50_s)})')
+  g = young_daly.goodput(r, mtbf_hours)
+  head = f'goodput @ MTBF {_fmt_num(g["mtbf_hours"], 1)} h: '
+  if g['tau_opt_s'] is None:
+    return head + g['note']
+  now = 'n/a' if g['goodput'] is None else f'{100 * g["goodput"]:.1f}%'
+  return head + (f'{now} (Young/Daly optimum {_fmt_s(g["tau_opt_s"])} -> '
+                 f'{100 * g["goodput_opt"]:.1f}%)' + (f'; {g["note"]}' if g['note'] else ''))
+
+
+def format_text(report: model.Report, mtbf_hours: float | None = None) -> str:
+  """The report in plain lines; the goodput line needs `mtbf_hours` (ReportError when invalid)."""
+  r = report
+  return '\n'.join([
+      *_job_lines(r),
+      *_save_lines(r),
+      _preemption_line(r),
+      *_exit_lines(r),
+      *_storage_lines(r),
+      f'restart cost R: {_fmt_s(r.restart_cost_s)} ({r.restart_cost_note})',
+      _goodput_line(r, mtbf_hours),
+  ])

@@ -1,0 +1,105 @@
+"""The report as a PNG timeline: step against seconds since the first event, one line per run.
+
+Uses matplotlib's object API with an explicit Agg canvas: no pyplot, so no global backend change
+in a process that may have its own, and no display needed.
+"""
+
+from __future__ import annotations
+
+from etils import epath
+
+from pax_autockpt.tools.report import model
+
+_REASON_COLOURS = {'interval': 'tab:blue', 'continuous': 'tab:cyan', 'preemption': 'tab:red',
+                   'final': 'tab:green'}
+_RUN_COLOURS = ('tab:purple', 'tab:orange', 'tab:brown', 'tab:pink', 'tab:olive', 'black',
+                'darkgoldenrod', 'slateblue')
+_HOST_STYLES = ('-', '--', ':', '-.')
+
+
+class _Legend:
+  """Hands out each label once: the legend lists a kind of mark once, however often it occurs."""
+
+  def __init__(self):
+    self.used: set[str] = set()
+
+  def __call__(self, text: str) -> str | None:
+    if text in self.used:
+      return None
+    self.used.add(text)
+    return text
+
+
+def _plot_runs(ax, r: model.Report, label: _Legend) -> None:
+  """A line per run (colour = run, line style = host), and a cross where a killed run ended."""
+  multi_host = len(r.hosts) > 1
+  for run in r.runs:
+    if not run.points:
+      continue
+    colour = _RUN_COLOURS[run.index % len(_RUN_COLOURS)]
+    style = _HOST_STYLES[r.hosts.index(run.host) % len(_HOST_STYLES)] if multi_host else '-'
+    xs = [t - r.t0 for t, _ in run.points]
+    ys = [s for _, s in run.points]
+    restored = 'none' if run.restored_step is None else run.restored_step
+    ax.plot(xs, ys, color=colour, linestyle=style, linewidth=1.5, alpha=0.8,
+            label=label(f'run {run.index} (restored {restored})'))
+    if not run.exited:
+      ax.scatter([xs[-1]], [ys[-1]], marker='x', color='grey', s=60, zorder=4,
+                 label=label('run ended without exit (killed)'))
+
+
+def _plot_saves(ax, r: model.Report, label: _Legend) -> None:
+  """A dot per save (colour = reason), hollow when it was never committed."""
+  for reason in sorted({s.reason for s in r.saves}):
+    colour = _REASON_COLOURS.get(reason, 'tab:gray')
+    for committed in (True, False):
+      pts = [((s.t if s.t is not None else s.t_committed) - r.t0, s.step)
+             for s in r.saves if s.reason == reason and s.committed == committed]
+      if not pts:
+        continue
+      ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker='o', s=28, zorder=6,
+                 edgecolors=colour, facecolors=colour if committed else 'none',
+                 label=label(f'save: {reason}' + ('' if committed else ' (not committed)')))
+
+
+def _plot_preemptions_and_exits(ax, r: model.Report, label: _Legend) -> None:
+  for p in r.preemptions:
+    ax.axvline(p.t - r.t0, color='tab:red', linestyle='--', linewidth=1,
+               label=label(f'preemption ({p.signal or "?"})'))
+  exits = [(run.t_exit - r.t0, run.exit_step if run.exit_step is not None else (run.max_step or 0))
+           for run in r.runs if run.exited and run.t_exit is not None]
+  if exits:
+    ax.scatter([x for x, _ in exits], [y for _, y in exits], marker='X', color='black', s=80,
+               zorder=5, label=label('exit'))
+
+
+def _title(r: model.Report) -> str:
+  multi_host = len(r.hosts) > 1
+  name = epath.Path(r.job_log_dir).name or r.job_log_dir
+  return (f'Checkpoint timeline: {name} ({len(r.hosts)} host{"s" if multi_host else ""}, '
+          f'{r.restarts} restart{"" if r.restarts == 1 else "s"})'
+          + ('; line style = host' if multi_host else ''))
+
+
+def plot(report: model.Report, path: str) -> None:
+  """Writes a PNG timeline: step against seconds since the first event, one line per run."""
+  # Imported here: matplotlib is slow to import and only the plot needs it.
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+
+  fig = Figure(figsize=(10, 5.5), dpi=100)
+  FigureCanvasAgg(fig)
+  ax = fig.add_subplot()
+  label = _Legend()
+  _plot_runs(ax, report, label)
+  _plot_saves(ax, report, label)
+  _plot_preemptions_and_exits(ax, report, label)
+  ax.set_title(_title(report))
+  ax.set_xlabel('wall time since first event (s)')
+  ax.set_ylabel('step')
+  ax.grid(True, alpha=0.3)
+  if label.used:
+    ax.legend(loc='best', fontsize='small')
+  fig.tight_layout()
+  with epath.Path(path).open('wb') as f:
+    fig.savefig(f, format='png')

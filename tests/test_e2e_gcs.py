@@ -1,0 +1,153 @@
+"""End to end on gs://: real paxml processes against a local GCS server (TF's built-in client and
+tensorstore, as on Cloud TPU), real signals, and the bucket's objects checked directly."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pax_autockpt import events as events_lib
+from pax_autockpt import layout
+from pax_autockpt.tools import process
+from pax_autockpt.tools import report
+from tests.conftest import assert_restorable, checkpoint_steps, events_of
+
+pytestmark = pytest.mark.e2e
+
+CONTINUOUS = 'experiments.lm_cloud_autockpt.LmCloudSpmdTinyContinuousAutockpt'  # min 1 s
+MULTISLICE = 'experiments.lm_cloud_autockpt.LmCloudSpmdTinyMultisliceAutockpt'
+STEP_DONE = r'\[PAX STATUS\]: Step `\d+` completed'
+
+
+def _name(step: int) -> str:
+  return f'checkpoint_{step:08d}'
+
+
+def _run(jobs, argv, log) -> process.Job:
+  job = process.Job(argv, log)
+  jobs.append(job)
+  return job
+
+
+def _preempt(job, after_secs, code=143) -> None:
+  job.wait_for_log(STEP_DONE, timeout=300)
+  time.sleep(after_secs)
+  job.send(signal.SIGTERM)
+  assert job.wait(180) == code, job.log()[-4000:]
+
+
+def _last_run(job, kind):
+  """The newest process start's events of one kind (host 0)."""
+  evs = events_lib.read(job)
+  last = max(i for i, e in enumerate(evs) if e['event'] == 'start')
+  return [e for e in evs[last:] if e['event'] == kind]
+
+
+def _objects_of(gcs, job_name, step):
+  return {k: v for k, v in gcs.objects(f'{job_name}/checkpoints/{_name(step)}/').items()}
+
+
+def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, gcs, tmp_path):
+  job_name = 'single'
+  job = gcs.url(job_name)
+  argv = process.ours_argv(CONTINUOUS, job, '--autockpt_keep_latest=2', '--tensorstore_use_ocdbt=false')
+
+  # Run 1: continuous saves on the bucket, keep the latest 2; SIGTERM -> the agreed step committed.
+  _preempt(_run(jobs, argv, str(tmp_path / 'run1.log')), after_secs=8)
+  step = events_of(job, 'preemption')[-1]['step']
+  deleted = [e['step'] for e in events_of(job, 'deleted')]
+  committed, others = checkpoint_steps(job)
+  assert committed[-1] == step and len(committed) == 2, (committed, others)
+  assert deleted and not set(deleted) & set(committed)
+  for gone in deleted:  # deleted means gone from the bucket, marker first
+    assert not _objects_of(gcs, job_name, gone), gone
+  assert_restorable(job, step)
+  assert f'{job_name}/checkpoints/{_name(step)}/{layout.COMMIT_MARKER}' in gcs.objects(job_name)
+  print(f'run 1: on-demand step {step}, kept {committed}, deleted {deleted}')
+
+  # A half-written newer step (every object but the commit marker) is not a checkpoint ...
+  half = step + 1000
+  for name in _objects_of(gcs, job_name, step):
+    if not name.endswith(layout.COMMIT_MARKER):
+      gcs.write(name.replace(_name(step), _name(half)), gcs.read(name))
+  assert checkpoint_steps(job)[0] == committed
+  loaded = report.load(job)
+  assert (loaded.newest_checkpoint, loaded.checkpoints_incomplete) == (step, 1)
+  # ... and the newest committed one loses an array chunk (tensorstore would read zeros for it).
+  chunk = sorted(n for n in _objects_of(gcs, job_name, step) if n.endswith('/0.0'))[0]
+  gcs.delete(chunk)
+  damaged = _objects_of(gcs, job_name, step)
+
+  # Run 2: the same command restores the previous committed step, marks the damaged one in place.
+  _preempt(_run(jobs, argv, str(tmp_path / 'run2.log')), after_secs=3)
+  assert [e['step'] for e in events_of(job, 'restore_skipped')] == [step]
+  assert _last_run(job, 'start')[0]['restored_step'] == committed[0]
+  step2 = _last_run(job, 'preemption')[0]['step']
+  marked = _objects_of(gcs, job_name, step)
+  assert f'{job_name}/checkpoints/{_name(step)}/{layout.UNRESTORABLE_MARKER}' in marked
+  assert set(damaged) - set(marked) == {f'{job_name}/checkpoints/{_name(step)}/{layout.COMMIT_MARKER}'}
+  assert step not in checkpoint_steps(job)[0] and half not in checkpoint_steps(job)[0]
+  assert_restorable(job, step2)
+
+  # Run 3, stock paxml/main.py with the seed's flags: restores run 2's step (never the damaged one,
+  # which survives orbax's start-up clean-up); storage then refuses checkpoint writes and a SIGTERM
+  # comes: exit 1 with one line naming the newest committed step, never 143.
+  stock = _run(jobs, process.stock_argv(CONTINUOUS, job, '--jax_fully_async_checkpoint',
+                                        '--exit_after_ondemand_checkpoint', '--num_hosts=1',
+                                        '--host_idx=0', f'--server_addr=127.0.0.1:{_free_port()}'),
+               str(tmp_path / 'run3.log'))
+  stock.wait_for_log(STEP_DONE, timeout=300)
+  assert _last_run(job, 'start')[0]['restored_step'] == step2
+  assert _objects_of(gcs, job_name, step) == marked
+  gcs.set_faults(fail_fraction=1.0, writes_only=True, path_contains='/checkpoints/', status=403)
+  stock.send(signal.SIGTERM)
+  assert stock.wait(180) == 1, stock.log()[-4000:]
+  gcs.set_faults()
+  agreed = _last_run(job, 'preemption')[0]['step']
+  lines = [l for l in stock.log().splitlines() if f'On-demand checkpoint of step {agreed} failed' in l]
+  assert len(lines) == 1 and f'the newest committed checkpoint is {step2}' in lines[0], lines
+  assert _last_run(job, 'exit')[0]['code'] == 1
+  assert checkpoint_steps(job)[0][-1] == step2 and agreed not in checkpoint_steps(job)[0]
+
+  # The report reads the bucket: text, JSON and the plot.
+  png = tmp_path / 'timeline.png'
+  out = subprocess.run([sys.executable, '-m', 'pax_autockpt.tools.cli', 'report', job, '--plot',
+                        str(png)], capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert f'restore skipped: 1 (steps {step})' in out.stdout and png.read_bytes()[:4] == b'\x89PNG'
+  as_json = json.loads(subprocess.run([sys.executable, '-m', 'pax_autockpt.tools.cli', 'report', job,
+                                       '--json'], capture_output=True, text=True, timeout=300).stdout)
+  assert as_json['newest_checkpoint'] == step2 and as_json['exit_codes'] == {'143': 2, '1': 1}
+
+
+def _free_port():
+  import socket  # pylint: disable=g-import-not-at-top
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def test_two_hosts_on_one_bucket_sigterm_to_host_1_only(jobs, gcs, tmp_path):
+  job = gcs.url('two-hosts')
+  launcher = _run(jobs, [sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', '--num_hosts=2',
+                         '--', f'--exp={MULTISLICE}', f'--job_log_dir={job}'],
+                  str(tmp_path / 'launch.log'))
+  host1_log = os.fspath(layout.host_log_path(job, 1))
+  launcher.wait_for_log(r'\[host 1\].*\[autockpt\] host 1/2, restoring step', timeout=300)
+  deadline = time.time() + 300
+  while not events_lib.read(job, 1) or 'start' not in [e['event'] for e in events_lib.read(job, 1)]:
+    assert time.time() < deadline and launcher.proc.poll() is None, launcher.log()[-3000:]
+    time.sleep(0.5)
+  time.sleep(5)
+  os.kill(events_of(job, 'start', host=1)[0]['pid'], signal.SIGTERM)
+  assert launcher.wait(180) == 143, launcher.log()[-3000:]
+  steps = {events_of(job, 'preemption', host=h)[0]['step'] for h in (0, 1)}
+  assert len(steps) == 1, f'hosts disagree: {steps} ({host1_log})'
+  step = steps.pop()
+  assert [e['code'] for h in (0, 1) for e in events_of(job, 'exit', host=h)] == [143, 143]
+  assert checkpoint_steps(job)[0][-1] == step
+  assert_restorable(job, step)
