@@ -10,7 +10,7 @@ PYTHON310 ?= $(shell for p in "$$(command -v python3.10)" \
   $$(ls -d "$$(pyenv root 2>/dev/null || echo $$HOME/.pyenv)"/versions/3.10*/bin/python3.10 2>/dev/null | sort -rV); do \
   [ -n "$$p" ] && "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 10)' 2>/dev/null && { echo "$$p"; break; }; done)
 
-.PHONY: venv test test-fast demo bench soak clean
+.PHONY: venv lint test test-fast demo bench soak clean
 
 venv: $(VENV)/.installed
 
@@ -23,7 +23,11 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-test: venv
+# The 2-space Google style (ruff.toml), then the whole suite.
+lint: venv
+	$(VENV)/bin/ruff check pax_autockpt experiments tests
+
+test: venv lint
 	$(PYTEST) -q -rs
 
 # Unit and registry tests only (no real training processes).

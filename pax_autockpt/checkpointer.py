@@ -200,6 +200,8 @@ class AutockptCheckpointer:
       logging.error('[autockpt] %s save of step %d failed to start (%s); the newest committed checkpoint '
                     'is %s.', reason, step, one_line(e), self.newest_committed())
       self._settle()
+      if self._events.host == 0:
+        self._remove_leftovers(step)  # orbax made its temporary directory before it failed
       with self._lock:
         self._in_flight = None
       return
@@ -209,7 +211,11 @@ class AutockptCheckpointer:
     self._summaries.started(step, start, blocking)
     logging.info('[autockpt] %s save of step %d started (loop blocked %.3f s).', reason, step, blocking)
     self._watch_commit(step, start)
-    self._pax_manager.check_for_errors()
+    try:
+      self._pax_manager.check_for_errors()
+    except Exception as e:  # pylint: disable=broad-except
+      # An earlier background write already failed: that save is lost (the watcher says so), training goes on.
+      logging.error('[autockpt] a save in the background failed: %s', one_line(e))
 
   def _free_name(self, step: int) -> None:
     """Object storage: a damaged checkpoint marked in place still holds this step's name, and orbax

@@ -12,9 +12,9 @@ import math
 import os
 import re
 import socket
+from typing import Callable, Mapping, Sequence
 import urllib.error
 import urllib.request
-from typing import Callable, Mapping, Sequence
 
 DEFAULT_PORT = 8476
 SOURCES = ('explicit', 'tpu-multislice', 'tpu', 'slurm', 'local')

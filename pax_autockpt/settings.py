@@ -65,9 +65,11 @@ def _preservation_policy(v):
             'pax_autockpt.policies.LatestN(10)')
 
 
-def option(default: Any, doc: str, *, rule: Rule, flag: bool = True) -> Any:
-  """One setting: its default, its one-line meaning, its validity rule, and whether it is a flag."""
-  return dataclasses.field(default=default, metadata={'doc': doc, 'rule': rule, 'flag': flag})
+def option(default: Any, doc: str, *, rule: Rule, flag: bool = True, replaced_by: tuple[str, ...] = ()) -> Any:
+  """One setting: its default, its one-line meaning, its validity rule, whether it is a flag, and
+  (for a policy object) the simple settings whose flags replace it."""
+  return dataclasses.field(default=default,
+                           metadata={'doc': doc, 'rule': rule, 'flag': flag, 'replaced_by': replaced_by})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,9 +86,10 @@ class Settings:
   keep_every_secs: float | None = option(None, 'preservation: one checkpoint per N seconds',
                                          rule=_optional_seconds)
   save_policy: Any = option(None, 'any save-decision policy object, or a `pax_fiddle.Config` of one',
-                            rule=_save_policy, flag=False)
+                            rule=_save_policy, flag=False, replaced_by=('continuous', 'min_interval_secs'))
   preservation_policy: Any = option(None, 'any preservation policy object, or a `pax_fiddle.Config` of one',
-                                    rule=_preservation_policy, flag=False)
+                                    rule=_preservation_policy, flag=False,
+                                    replaced_by=('keep_latest', 'keep_every_secs'))
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
@@ -108,21 +111,22 @@ def flag_type(field: str) -> type:
   return kind
 
 
-def define_flags() -> None:
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """The `--autockpt_*` flags of pax_autockpt.main; None means "not given: use the attribute"."""
   define = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float,
             str: flags.DEFINE_string}
   for name, f in FIELDS.items():
     if f.metadata['flag']:
-      define[flag_type(name)](flag_name(name), None, f'{f.metadata["doc"]} (default {f.default!r}).')
+      define[flag_type(name)](flag_name(name), None, f'{f.metadata["doc"]} (default {f.default!r}).',
+                              flag_values=flag_values)
 
 
 def markdown_table() -> str:
   """The README's settings table."""
   rows = ['| attribute | flag | default | meaning |', '|---|---|---|---|']
-  groups = {'save_policy': 'continuous, min_interval_secs', 'preservation_policy': 'keep_latest, keep_every_secs'}
   for name, f in FIELDS.items():
-    flag = f'`--{flag_name(name)}`' if flag_name(name) else f'(the {groups[name]} flags replace it)'
+    replaced = ' / '.join(f'`--{flag_name(r)}`' for r in f.metadata['replaced_by'])
+    flag = f'`--{flag_name(name)}`' if flag_name(name) else f'({replaced} replace it)'
     rows.append(f'| `{attribute(name)}` | {flag} | {f.default!r} | {f.metadata["doc"]} |')
   return '\n'.join(rows)
 
@@ -150,7 +154,7 @@ def resolve(experiment: Any) -> Settings:
     given, value = _given_flag(name)
     if given:
       values[name], origin[name] = value, f'--{flag_name(name)}'
-  for name in ('save_policy', 'preservation_policy'):
+  for name in values:
     if isinstance(values[name], fdl.Buildable):
       try:
         values[name] = fdl.build(values[name])
@@ -164,10 +168,9 @@ def resolve(experiment: Any) -> Settings:
 
 def _apply_flag_precedence(values: dict[str, Any], origin: dict[str, str]) -> None:
   """Flags replace policy objects; attributes that would both apply are a conflict."""
-  groups = {'save_policy': ('continuous', 'min_interval_secs'),
-            'preservation_policy': ('keep_latest', 'keep_every_secs')}
-  for policy_field, simple in groups.items():
-    if values[policy_field] is None:
+  for policy_field, f in FIELDS.items():
+    simple = f.metadata['replaced_by']
+    if not simple or values[policy_field] is None:
       continue
     flagged = [f for f in simple if origin[f].startswith('--')]
     if flagged and any(values[f] for f in flagged):

@@ -8,6 +8,7 @@ import tensorflow.compat.v2 as tf  # paxml's own summary stack
 
 from pax_autockpt import layout
 
+
 class SaveSummaries:
   """Written by the primary host only; safe to call from the commit-watcher threads."""
 

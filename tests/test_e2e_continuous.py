@@ -8,7 +8,9 @@ import time
 import pytest
 
 from pax_autockpt.tools import process
-from tests.conftest import assert_restorable, checkpoint_steps, events_of
+from tests.conftest import assert_restorable
+from tests.conftest import checkpoint_steps
+from tests.conftest import events_of
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,9 @@ from pax_autockpt import events as events_lib
 from pax_autockpt import layout
 from pax_autockpt.tools import process
 from pax_autockpt.tools import report
-from tests.conftest import assert_restorable, checkpoint_steps, events_of
+from tests.conftest import assert_restorable
+from tests.conftest import checkpoint_steps
+from tests.conftest import events_of
 
 pytestmark = pytest.mark.e2e
 
@@ -107,8 +109,10 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
   stock.send(signal.SIGTERM)
   assert stock.wait(180) == 1, stock.log()[-4000:]
   gcs.set_faults()
-  agreed = _last_run(job, 'preemption')[0]['step']
-  lines = [l for l in stock.log().splitlines() if f'On-demand checkpoint of step {agreed} failed' in l]
+  preemptions = _last_run(job, 'preemption')
+  assert preemptions, (events_lib.read(job)[-5:], stock.log()[-4000:])
+  agreed = preemptions[0]['step']
+  lines = [x for x in stock.log().splitlines() if f'On-demand checkpoint of step {agreed} failed' in x]
   assert len(lines) == 1 and f'the newest committed checkpoint is {step2}' in lines[0], lines
   assert _last_run(job, 'exit')[0]['code'] == 1
   assert checkpoint_steps(job)[0][-1] == step2 and agreed not in checkpoint_steps(job)[0]

@@ -11,7 +11,8 @@ import pytest
 from pax_autockpt import events as events_lib
 from pax_autockpt import layout
 from pax_autockpt.tools import process
-from tests.conftest import assert_restorable, checkpoint_steps
+from tests.conftest import assert_restorable
+from tests.conftest import checkpoint_steps
 
 pytestmark = pytest.mark.e2e
 

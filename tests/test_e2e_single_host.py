@@ -8,7 +8,10 @@ import pytest
 
 from pax_autockpt import events as events_lib
 from pax_autockpt.tools import process
-from tests.conftest import assert_restorable, checkpoint_steps, events_of, tb_scalars
+from tests.conftest import assert_restorable
+from tests.conftest import checkpoint_steps
+from tests.conftest import events_of
+from tests.conftest import tb_scalars
 
 pytestmark = pytest.mark.e2e
 

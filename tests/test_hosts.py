@@ -10,7 +10,11 @@ import urllib.request
 import pytest
 
 from pax_autockpt import hosts
-from pax_autockpt.hosts import DEFAULT_PORT, Wiring, WiringError, check_mesh, resolve
+from pax_autockpt.hosts import DEFAULT_PORT
+from pax_autockpt.hosts import Wiring
+from pax_autockpt.hosts import WiringError
+from pax_autockpt.hosts import check_mesh
+from pax_autockpt.hosts import resolve
 
 
 def _fixed_port():
@@ -120,7 +124,8 @@ def test_explicit_server_addr_forms(addr):
 
 @pytest.mark.parametrize('given, message', [
     ({'host_idx': 0}, '--host_idx was given without --num_hosts/--server_addr: pass all three, or none to derive them'),
-    ({'num_hosts': 2}, '--num_hosts was given without --host_idx/--server_addr: pass all three, or none to derive them'),
+    ({'num_hosts': 2},
+     '--num_hosts was given without --host_idx/--server_addr: pass all three, or none to derive them'),
     ({'host_idx': 0, 'server_addr': 'a:1'},
      '--host_idx/--server_addr were given without --num_hosts: pass all three, or none to derive them'),
 ])
@@ -246,7 +251,8 @@ def test_single_slice_port_override_and_spaces():
 
 
 def test_single_worker_tpu_is_tpu():
-  assert resolve(env={'TPU_WORKER_ID': '0', 'TPU_WORKER_HOSTNAMES': 'localhost'}) == Wiring(0, 1, 'localhost:8476', 'tpu')
+  env = {'TPU_WORKER_ID': '0', 'TPU_WORKER_HOSTNAMES': 'localhost'}
+  assert resolve(env=env) == Wiring(0, 1, 'localhost:8476', 'tpu')
 
 
 @pytest.mark.parametrize('env, name', [
@@ -369,7 +375,8 @@ def test_slurm_every_task_distinct():
      'SLURM_PROCID=2 is out of range for SLURM_NTASKS=2: it must be 0..1'),
     ({'SLURM_PROCID': '0', 'SLURM_NTASKS': '0', 'SLURM_JOB_NODELIST': 'n1'}, 'SLURM_NTASKS=0 is invalid'),
     ({'SLURM_PROCID': '0', 'SLURM_NTASKS': '1', 'SLURM_JOB_NODELIST': ''}, "SLURM_JOB_NODELIST='' names no host"),
-    ({'SLURM_PROCID': '0', 'SLURM_NTASKS': '1', 'SLURM_JOB_NODELIST': 'n[]'}, "SLURM_JOB_NODELIST='n[]' has a malformed"),
+    ({'SLURM_PROCID': '0', 'SLURM_NTASKS': '1', 'SLURM_JOB_NODELIST': 'n[]'},
+     "SLURM_JOB_NODELIST='n[]' has a malformed"),
     ({'SLURM_PROCID': '0', 'SLURM_NTASKS': '1', 'SLURM_NODELIST': 'n[1-2'}, "SLURM_NODELIST='n[1-2' has a malformed"),
 ])
 def test_slurm_malformed(env, name):

@@ -1,5 +1,7 @@
 """Settings: class attributes, flag precedence, and one-line errors naming the attribute or flag."""
 
+import os
+
 from absl import flags
 import pytest
 
@@ -47,8 +49,7 @@ def test_invalid_attribute_is_named(attr, value, needle):
 def autockpt_flags():
   """The --autockpt_* flags as pax_autockpt.main defines them, parsed from a command line."""
   fv = flags.FlagValues()
-  flags.DEFINE_integer('autockpt_exit_code', None, '', flag_values=fv)
-  flags.DEFINE_integer('autockpt_keep_latest', None, '', flag_values=fv)
+  settings_lib.define_flags(fv)
   saved = flags.FLAGS
   flags.FLAGS = fv
   yield fv
@@ -81,6 +82,7 @@ def test_executor_exits_2_with_one_line_on_bad_attribute(capsys):
 
 def test_policy_objects_and_fiddle_configs_are_built():
   import fiddle as fdl  # pylint: disable=g-import-not-at-top
+
   from pax_autockpt import policies  # pylint: disable=g-import-not-at-top
 
   class Mine(Exp):
@@ -135,3 +137,22 @@ def test_flag_replaces_policy_object(autockpt_flags):
     AUTOCKPT_PRESERVATION_POLICY = policies.EveryNSeconds(60)
   s = settings_lib.resolve(Mine())
   assert settings_lib.preservation_policy(s) == policies.LatestN(7)
+
+
+def test_each_setting_is_one_declaration_driving_attribute_flag_and_readme():
+  """A new setting is one field of Settings: the mixin attribute, the flag and the README row follow."""
+  fv = flags.FlagValues()
+  settings_lib.define_flags(fv)
+  for name, field in settings_lib.FIELDS.items():
+    assert getattr(AutockptMixin, settings_lib.attribute(name)) == field.default
+    flag = settings_lib.flag_name(name)
+    if flag:
+      assert fv[flag].default is None and field.metadata['doc'] in fv[flag].help
+    assert field.metadata['rule'](field.default) is None, f'the default of {name} breaks its own rule'
+  with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), 'README.md')) as f:
+    readme = f.read()
+  assert settings_lib.markdown_table() in readme, 'README settings table: paste settings.markdown_table()'
+
+
+def test_default_exit_code_is_the_one_constant():
+  assert settings_lib.Settings().exit_code == settings_lib.DEFAULT_EXIT_CODE == 143

@@ -286,7 +286,8 @@ def to_markdown(res):
     c = res['c']
     lines += ['## (c) step time: continuous and fixed-interval checkpointing vs off', '',
               f'- off {c["step_s_off"] * 1e3:.2f} ms (mean of a first and a last run: '
-              f'{c["step_s_off_first"] * 1e3:.2f}, {c["step_s_off_last"] * 1e3:.2f}), interval {c["step_s_interval"] * 1e3:.2f} ms '
+              f'{c["step_s_off_first"] * 1e3:.2f}, {c["step_s_off_last"] * 1e3:.2f}), '
+              f'interval {c["step_s_interval"] * 1e3:.2f} ms '
               f'(x{c["ratio_interval_vs_off"]:.3f}), continuous {c["step_s_continuous"] * 1e3:.2f} ms '
               f'(x{c["ratio_continuous_vs_off"]:.3f}), continuous with a 1 s minimum '
               f'{c["step_s_continuous_min1s"] * 1e3:.2f} ms (x{c["ratio_continuous_min1s_vs_off"]:.3f})',

@@ -33,9 +33,9 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 import urllib.parse
 import urllib.request
-from typing import Any
 
 GOOGLE_NAMES = ('www.googleapis.com', 'storage.googleapis.com', '*.storage.googleapis.com')
 _CONTROL = '/_local_gcs/'

@@ -9,7 +9,6 @@ import sys
 import time
 from typing import Sequence
 
-
 TINY_EXP = 'experiments.lm_cloud_autockpt.LmCloudSpmdTinyAutockpt'
 
 

@@ -1,0 +1,215 @@
+"""A fake of paxml's training checkpointer for the unit tests, small enough to read at once.
+
+It has exactly what pax_autockpt touches (see pax_autockpt/internals.py) and writes checkpoints on
+local disk the way orbax 0.5.9 does: `checkpoint_%08d.orbax-checkpoint-tmp-<n>` first, renamed to
+`checkpoint_%08d` (the commit) by a background finalize thread. A test holds the commit back by
+clearing `FakeOrbaxManager.gate`, makes it fail with `fail_commit`, or makes the save fail to start
+with `fail_start`.
+"""
+
+import dataclasses
+import re
+import signal
+import threading
+from typing import Any
+
+from etils import epath
+import numpy as np
+
+from pax_autockpt import checkpointer as checkpointer_lib
+from pax_autockpt import events as events_lib
+from pax_autockpt import settings as settings_lib
+from pax_autockpt import signals
+
+GATE_TIMEOUT_S = 5.0  # a commit held back longer fails, so that a broken wrapper fails, not hangs
+_NAME = re.compile(r'checkpoint_(\d{8})')
+
+
+def write_checkpoint(path: epath.Path) -> epath.Path:
+  """What a restorable checkpoint holds, as far as pax_autockpt.integrity looks."""
+  (path / 'state').mkdir(parents=True, exist_ok=True)
+  (path / 'state' / 'w').write_bytes(b'x')
+  (path / 'metadata').mkdir()
+  (path / 'metadata' / 'metadata').write_text('{}')
+  return path
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """orbax's CheckpointManagerOptions, as far as the wrapper touches them."""
+
+  max_to_keep: int | None = None
+
+
+class FinalizeThread(threading.Thread):
+  """orbax's _FinalizeThread: keeps the commit's exception in `exception`; join() raises it once."""
+
+  exception = None
+
+  def run(self):
+    try:
+      super().run()
+    except BaseException as e:  # pylint: disable=broad-except
+      self.exception = e
+
+  def join(self, *args, **kwargs):
+    super().join(*args, **kwargs)
+    if self.exception:
+      error, self.exception = self.exception, None
+      raise error
+
+
+class FakeOrbaxManager:
+  """orbax's CheckpointManager: the in-memory step list, async commit, max_to_keep."""
+
+  def __init__(self, directory: epath.Path, max_to_keep: int | None):
+    self.directory = directory
+    self.directory.mkdir(parents=True, exist_ok=True)
+    self._options = Options(max_to_keep)
+    self._finalize_thread: FinalizeThread | None = None
+    self._steps: list[int] = []  # saved or in flight, oldest first (orbax's `_checkpoints`)
+    self.gate = threading.Event()  # the commit waits for it
+    self.gate.set()
+    self.fail_start: BaseException | None = None
+    self.fail_commit: BaseException | None = None  # the saves started while it is set fail to commit
+    self.attempts: list[int] = []  # every step save() was called for
+    self.tmp_dirs: list[epath.Path] = []  # every temporary directory a save created
+    self.reload()
+
+  def reached_preemption(self, step: int) -> bool:
+    del step
+    return False
+
+  def reload(self) -> None:
+    """Re-lists the committed steps from disk."""
+    found = (_NAME.fullmatch(p.name) for p in self.directory.iterdir())
+    self._steps = sorted(int(m.group(1)) for m in found if m)
+
+  def latest_step(self) -> int | None:
+    return self._steps[-1] if self._steps else None
+
+  def save(self, step: int) -> None:
+    self.attempts.append(step)
+    self.wait_until_finished()
+    tmp = self.directory / f'checkpoint_{step:08d}.orbax-checkpoint-tmp-{len(self.tmp_dirs)}'
+    tmp.mkdir()  # orbax creates it first, then the arrays' writes start (and may fail at once)
+    self.tmp_dirs.append(tmp)
+    if self.fail_start is not None:
+      raise self.fail_start
+    write_checkpoint(tmp)
+    self._steps.append(step)
+    doomed = []
+    if self._options.max_to_keep:
+      doomed, self._steps = self._steps[:-self._options.max_to_keep], self._steps[-self._options.max_to_keep:]
+    self._finalize_thread = FinalizeThread(target=self._finalize, args=(tmp, step, doomed, self.fail_commit),
+                                           daemon=True)
+    self._finalize_thread.start()
+
+  def _finalize(self, tmp: epath.Path, step: int, doomed: list[int], error: BaseException | None) -> None:
+    if not self.gate.wait(GATE_TIMEOUT_S):
+      raise TimeoutError(f'the commit of step {step} was held back for {GATE_TIMEOUT_S} s')
+    if error is not None:
+      raise error
+    tmp.rename(self.directory / f'checkpoint_{step:08d}')
+    for old in doomed:
+      (self.directory / f'checkpoint_{old:08d}').rmtree()
+
+  def wait_until_finished(self) -> None:
+    """As orbax: raises a failed commit's error once, and forgets that step."""
+    thread, self._finalize_thread = self._finalize_thread, None
+    if thread is not None:
+      try:
+        thread.join()
+      except BaseException:
+        self._steps = self._steps[:-1]
+        raise
+
+
+class FakePaxManager:
+  """paxml's OrbaxCheckpointManager: its directory, its save interval, orbax's manager in `_manager`."""
+
+  def __init__(self, directory: epath.Path, interval: int, max_to_keep: int | None):
+    self.directory = directory
+    self.interval = interval
+    self._manager = FakeOrbaxManager(directory, max_to_keep)
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def should_save(self, step: int) -> bool:
+    latest = self.latest_step()
+    return step % self.interval == 0 and (latest is None or step > latest)
+
+  def check_for_errors(self) -> None:
+    """Nothing here: a failed commit surfaces at wait_until_finished, as it mostly does in orbax."""
+
+  def wait_until_finished(self) -> None:
+    self._manager.wait_until_finished()
+
+
+class FakePaxCheckpointer:
+  """paxml's _OrbaxPjitTrainingCheckpointer over JOB_LOG_DIR/checkpoints."""
+
+  def __init__(self, job_log_dir, *, interval: int = 10, max_to_keep: int | None = None,
+               enable_checkpoint_saving: bool = True):
+    self.checkpoint_manager = FakePaxManager(epath.Path(job_log_dir) / 'checkpoints', interval,
+                                             max_to_keep)
+    self._enable_checkpoint_saving = enable_checkpoint_saving
+    self._step_to_restore = self.checkpoint_manager.latest_step()
+    self.restored: list[int | None] = []  # the steps get_model_states restored
+
+  @property
+  def orbax(self) -> FakeOrbaxManager:
+    return self.checkpoint_manager._manager  # pylint: disable=protected-access
+
+  @property
+  def step_to_restore(self) -> int | None:
+    return self._step_to_restore
+
+  def get_model_states(self, partitioner, metadata, root_prng_key, train_input_pipeline=None):
+    del partitioner, metadata, root_prng_key, train_input_pipeline
+    step = self._step_to_restore
+    if step is not None and not (self.checkpoint_manager.directory / f'checkpoint_{step:08d}').is_dir():
+      raise FileNotFoundError(f'no checkpoint for step {step}')
+    self.restored.append(step)
+    return f'model states of step {step}'
+
+  def save_final(self, step_i: int, *, partitioned_train_state: Any,
+                 train_state_unpadded_shape_dtype_struct=None, train_state_pspecs=None,
+                 train_input_pipeline=None) -> None:
+    """As paxml: a forced save unless saving is off or the step is not newer than the latest."""
+    del partitioned_train_state, train_state_unpadded_shape_dtype_struct, train_state_pspecs
+    del train_input_pipeline
+    if not self._enable_checkpoint_saving:
+      return
+    latest = self.checkpoint_manager.latest_step()
+    if latest is None or latest < step_i:
+      self.orbax.save(step_i)
+
+  def wait_until_finished(self) -> None:
+    self.checkpoint_manager.wait_until_finished()
+
+
+# --- the wrapper around the fake, and a preemption in-process ---------------------------------------
+
+STATE = np.zeros(2, np.float32)  # what jax.block_until_ready is given as the train state
+
+
+def preempt() -> None:
+  """What the SIGTERM handler does (no real signal: the test process must survive a mistake)."""
+  signals._record(signal.SIGTERM, None)  # pylint: disable=protected-access
+
+
+def wrap(job_log_dir, settings: settings_lib.Settings | None = None, **fake_kwargs
+         ) -> tuple[checkpointer_lib.AutockptCheckpointer, FakePaxCheckpointer]:
+  """An AutockptCheckpointer (host 0, exit after an on-demand save) around a new fake."""
+  fake = FakePaxCheckpointer(job_log_dir, **fake_kwargs)
+  wrapped = checkpointer_lib.AutockptCheckpointer(
+      fake, settings=settings or settings_lib.Settings(), events=events_lib.EventLog(job_log_dir, 0),
+      exit_after_ondemand_checkpoint=True, enable_summaries=False)
+  return wrapped, fake
+
+
+def events(job_log_dir, kind: str | None = None) -> list[dict[str, Any]]:
+  """Host 0's events, all or of one kind."""
+  return [e for e in events_lib.read(job_log_dir, 0) if kind is None or e['event'] == kind]

@@ -1,0 +1,154 @@
+"""The job directory's names and the one commit rule, on local disk and on a local GCS server."""
+
+import ast
+import os
+
+from etils import epath
+import pytest
+
+from pax_autockpt import events as events_lib
+from pax_autockpt import layout
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _orbax_save(ckpt_dir: epath.Path, step: int, commit: bool = True) -> epath.Path:
+  """What orbax 0.5.9 leaves: locally a temporary name renamed on commit; on gs:// the final name,
+  with commit_success.txt written last."""
+  final = layout.step_dir(ckpt_dir, step)
+  where = final if layout.is_object_store(final) else final.with_name(f'{final.name}{layout.ORBAX_TMP}1')
+  (where / 'state').mkdir(parents=True, exist_ok=True)
+  (where / 'state' / 'x').write_text('array bytes')
+  if commit:
+    if layout.is_object_store(final):
+      (final / layout.COMMIT_MARKER).write_text('ok')
+    else:
+      where.rename(final)
+  return final
+
+
+@pytest.fixture(params=['local', 'gcs'])
+def ckpt_dir(request, tmp_path):
+  if request.param == 'local':
+    return layout.checkpoint_dir(tmp_path)
+  gcs = request.getfixturevalue('gcs')
+  return layout.checkpoint_dir(gcs.url(f'layout-{os.getpid()}-{request.node.name}'))
+
+
+def test_step_names():
+  assert layout.step_of('checkpoint_00001000') == 1000
+  assert layout.step_of('checkpoint_123456789') == 123456789  # Pax's %08d grows past 8 digits
+  for other in ('checkpoint_00001000.orbax-checkpoint-tmp-17', 'checkpoint_1000', 'ckpt_00001000', 'x'):
+    assert layout.step_of(other) is None
+
+
+def test_only_committed_steps_count_and_leftovers_are_found(ckpt_dir):
+  _orbax_save(ckpt_dir, 100)
+  _orbax_save(ckpt_dir, 200)
+  _orbax_save(ckpt_dir, 300, commit=False)  # a save killed or failed before its commit
+  assert layout.committed_steps(ckpt_dir) == [100, 200]
+  assert layout.newest_committed(ckpt_dir) == 200
+  assert not layout.is_committed(layout.step_dir(ckpt_dir, 300))
+  assert [p.name.split('.')[0] for p in layout.leftovers(ckpt_dir, 300)] == ['checkpoint_00000300']
+  assert layout.leftovers(ckpt_dir, 200) == []  # a committed checkpoint is never a leftover
+
+
+def test_delete_takes_the_commit_first(ckpt_dir, monkeypatch):
+  """A delete that dies half-way must not leave something that still looks committed."""
+  path = _orbax_save(ckpt_dir, 100)
+
+  def killed(self, missing_ok=False):
+    raise OSError('killed mid-delete')
+
+  monkeypatch.setattr(type(path), 'rmtree', killed)
+  with pytest.raises(OSError):
+    layout.uncommit_and_delete(path)
+  monkeypatch.undo()
+  assert layout.committed_steps(ckpt_dir) == [] and list(ckpt_dir.iterdir())  # uncommitted, not gone
+  _orbax_save(ckpt_dir, 200)
+  layout.uncommit_and_delete(layout.step_dir(ckpt_dir, 200))
+  assert layout.committed_steps(ckpt_dir) == [] and not layout.step_dir(ckpt_dir, 200).exists()
+
+
+def test_a_damaged_checkpoint_is_set_aside_never_deleted(ckpt_dir):
+  job = ckpt_dir.parent
+  _orbax_save(ckpt_dir, 100)
+  path = _orbax_save(ckpt_dir, 200)
+  where = layout.set_aside_damaged(job, path, 'state/x is missing')
+  assert layout.committed_steps(ckpt_dir) == [100] and layout.newest_committed(ckpt_dir) == 100
+  if layout.is_object_store(path):  # marked in place: data kept, out of every listing, not a leftover
+    assert 'marked unrestorable' in where and (path / 'state' / 'x').exists()
+    assert layout.marked_unrestorable_steps(ckpt_dir) == [200] and layout.leftovers(ckpt_dir, 200) == []
+    assert 'missing' in (path / layout.UNRESTORABLE_MARKER).read_text()
+  else:
+    aside = layout.unrestorable_dir(job) / 'checkpoint_00000200'
+    assert where == f'moved to {aside}' and (aside / 'state' / 'x').exists()
+  # The step is due again: its name is freed, the damaged data kept aside.
+  aside = layout.move_aside(job, path) if path.exists() else None
+  if aside is not None:
+    assert (aside / 'state' / 'x').read_text() == 'array bytes' and not path.exists()
+
+
+def test_set_aside_on_gcs_costs_a_few_requests_whatever_the_size(gcs):
+  job = epath.Path(gcs.url(f'aside-{os.getpid()}'))
+  path = _orbax_save(layout.checkpoint_dir(job), 100)
+  for i in range(40):
+    (path / 'state' / f'chunk{i}').write_text('x')
+  gcs.stats(reset=True)
+  layout.set_aside_damaged(job, path, 'damaged')
+  requests = gcs.stats()['requests']
+  assert requests <= 8, gcs.stats()
+  print(f'set aside on GCS: {requests} requests for a checkpoint of 42 objects')
+
+
+def test_event_log_on_gcs_is_parts_of_bounded_size_read_back_in_order(gcs):
+  job = gcs.url(f'events-{os.getpid()}')
+  log = events_lib.EventLog(job, host=3)
+  for i in range(150):
+    log.write('save_started', step=i)
+  log.flush()
+  names = sorted(n for n in gcs.objects(f'events-{os.getpid()}/autockpt/') if not n.endswith('/'))
+  assert [n.rsplit('/', 1)[1] for n in names] == [f'events.host3.{p:06d}.jsonl' for p in range(3)]
+  assert all(gcs.read(n).count(b'\n') <= events_lib.PART_EVENTS for n in names)
+  assert [e['step'] for e in events_lib.read(job, 3)] == list(range(150))
+  again = events_lib.EventLog(job, host=3)  # a restarted process starts a new part, reads nothing
+  again.write('start')
+  again.flush()
+  assert [e['event'] for e in events_lib.read(job, 3)][-2:] == ['save_started', 'start']
+  assert len(layout.event_files(job)[3]) == 4
+
+
+def test_event_log_locally_is_one_file_and_a_torn_line_is_salvaged(tmp_path):
+  log = events_lib.EventLog(tmp_path, host=0)
+  log.write('start')
+  with open(layout.events_path(tmp_path, 0), 'a') as f:
+    f.write('{"t": 1.0, "host": 0, "event": "save_sta')  # killed mid-write, no newline
+  log.write('start', pid=2)
+  records, bad = events_lib.parse(layout.events_path(tmp_path, 0).read_bytes())
+  assert [r['event'] for r in records] == ['start', 'start'] and bad == 1
+  assert layout.event_files(tmp_path) == {0: [layout.events_path(tmp_path, 0)]}
+
+
+def test_host_logs_of_a_gcs_job_are_local():
+  path = layout.host_log_path('gs://bucket/some/job', 2)
+  assert not layout.is_object_store(path) and str(path).endswith('pax-autockpt-logs/bucket/some/job/host2.log')
+
+
+def _imports(path):
+  tree = ast.parse(open(path).read())
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      yield from (a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      yield from [node.module] + [f'{node.module}.{a.name}' for a in node.names]
+
+
+def test_a_training_process_never_imports_the_tools():
+  """pax_autockpt/*.py and experiments/ are what a training process runs; pax_autockpt/tools/ is the
+  command line and its tools, which may import the runtime but never the other way round."""
+  runtime = [os.path.join(ROOT, 'pax_autockpt', f) for f in os.listdir(os.path.join(ROOT, 'pax_autockpt'))
+             if f.endswith('.py')]
+  runtime += [os.path.join(ROOT, 'experiments', f) for f in os.listdir(os.path.join(ROOT, 'experiments'))
+              if f.endswith('.py')]
+  bad = {os.path.relpath(p, ROOT): m for p in runtime for m in _imports(p) if m.startswith('pax_autockpt.tools')}
+  assert not bad, bad
