@@ -11,6 +11,7 @@ import jax
 from praxis import py_utils
 
 from pax_autockpt import agreement
+from pax_autockpt import background_save
 from pax_autockpt import events as events_lib
 from pax_autockpt import integrity
 from pax_autockpt import internals
@@ -55,9 +56,8 @@ class AutockptCheckpointer:
     if self._preservation is not None:
       internals.turn_off_max_to_keep(self._orbax_manager)
     self._agree = agreement.PrimaryDecides(events.host)
+    self._background = background_save.BackgroundSaves(self._orbax_manager)
     self._lock = threading.Lock()
-    self._in_flight: int | None = None
-    self._watchers: list[threading.Thread] = []
     self._times = {e['step']: e['t'] for e in events_lib.read(events.job_log_dir, events.host)
                    if e['event'] == 'save_started' and isinstance(e.get('step'), int)}
     self._history = [self._info(s) for s in layout.committed_steps(self.checkpoint_dir)]
@@ -144,8 +144,7 @@ class AutockptCheckpointer:
       self._save(step_i, 'final', state)
 
   def wait_until_finished(self):
-    for t in self._watchers:
-      t.join()
+    self._background.wait()
     self._inner.wait_until_finished()
 
   def _latest_step(self) -> int | None:
@@ -167,7 +166,7 @@ class AutockptCheckpointer:
     latest = self._latest_step()
     if latest is not None and step <= latest:
       return False
-    context = policies.DecisionContext(now=time.time(), is_saving_in_progress=self._in_flight is not None)
+    context = policies.DecisionContext(now=time.time(), is_saving_in_progress=self._background.in_flight)
 
     def decide():
       with self._lock:
@@ -179,43 +178,49 @@ class AutockptCheckpointer:
   # --- saving ----------------------------------------------------------------------------------
 
   def _save(self, step: int, reason: str, state: dict[str, Any]) -> None:
-    """Starts a save now (Pax's forced save); the loop is blocked only until it is under way.
+    """Starts a save; the loop waits only for this step's state to be copied to host memory
+    (`blocking_s`), everything else runs in the background.
 
-    The state is waited for first: with JAX's async dispatch the last step may still be computing,
-    and that wait (`wait_s`) is the step's cost, not the save's (`blocking_s`).
+    First it waits for the state (with JAX's async dispatch the last step may still be computing: the
+    step's cost, not the save's) and for a save still in flight (an on-demand save can come during one);
+    both are `wait_s`.
     """
     before = time.time()
     jax.block_until_ready(state['partitioned_train_state'])
+    self._background.wait()  # one save at a time (the policies wait; an on-demand save waits here)
     start = time.time()
-    self._settle()  # a failed previous save must not fail this one (orbax raises it here otherwise)
     self._free_name(step)
     with self._lock:
-      self._in_flight = step
       self._times[step] = start
       self._history.append(policies.CheckpointInfo(step, start))
     try:
-      self._inner.save_final(step, **state)
+      self._inner.save_final(step, **state)  # Pax builds its items; orbax's save() takes the snapshot
     except Exception as e:  # pylint: disable=broad-except
-      # E.g. no space for the temporary directory: this save is lost, training and the newer saves go on.
       logging.error('[autockpt] %s save of step %d failed to start (%s); the newest committed checkpoint '
                     'is %s.', reason, step, one_line(e), self.newest_committed())
-      self._settle()
-      if self._events.host == 0:
-        self._remove_leftovers(step)  # orbax made its temporary directory before it failed
-      with self._lock:
-        self._in_flight = None
       return
     blocking = time.time() - start
+    self._background.launch(
+        started=lambda s: self._started(s, reason, start, blocking, start - before),
+        done=lambda s, error: self._done(s, start, error))
+
+  def _started(self, step: int, reason: str, start: float, blocking: float, waited: float) -> None:
+    """In the background thread, first: the event and scalar that say a save began."""
     self._events.write('save_started', t=start, step=step, reason=reason, blocking_s=round(blocking, 6),
-                       wait_s=round(start - before, 6))
+                       wait_s=round(waited, 6))
     self._summaries.started(step, start, blocking)
     logging.info('[autockpt] %s save of step %d started (loop blocked %.3f s).', reason, step, blocking)
-    self._watch_commit(step, start)
-    try:
-      self._pax_manager.check_for_errors()
-    except Exception as e:  # pylint: disable=broad-except
-      # An earlier background write already failed: that save is lost (the watcher says so), training goes on.
-      logging.error('[autockpt] a save in the background failed: %s', one_line(e))
+
+  def _done(self, step: int, start: float, error: BaseException | None) -> None:
+    """In the background thread, last: committed (event, scalar, preservation), or failed (one
+    line, leftovers removed; training goes on and the next save retries)."""
+    if error is None and layout.is_committed(self._step_dir(step)):
+      self._committed(step, start)
+      return
+    logging.error('[autockpt] save of step %d failed to commit (%s); the newest committed checkpoint is %s.',
+                  step, one_line(error) if error else 'not committed', self.newest_committed())
+    if self._events.host == 0:
+      self._remove_leftovers(step)
 
   def _free_name(self, step: int) -> None:
     """Object storage: a damaged checkpoint marked in place still holds this step's name, and orbax
@@ -228,45 +233,12 @@ class AutockptCheckpointer:
     py_utils.sync_global_devices(f'autockpt:free-name:{step}')
     self._unrestorable.discard(step)
 
-  def _watch_commit(self, step: int, start: float) -> None:
-    """Logs save_committed once orbax's finalize thread (the async commit) has finished."""
-    finalize = internals.finalize_thread(self._orbax_manager)
-
-    def watch():
-      if finalize is not None:
-        internals.join_without_raising(finalize)
-      if layout.is_committed(self._step_dir(step)):
-        self._committed(step, start)
-      else:
-        error = internals.commit_error(finalize)
-        logging.error('[autockpt] save of step %d failed to commit (%s); the newest committed '
-                      'checkpoint is %s.', step, one_line(error) if error else 'not committed',
-                      self.newest_committed())
-      with self._lock:
-        if self._in_flight == step:
-          self._in_flight = None
-
-    watcher = threading.Thread(target=watch, name=f'autockpt-commit-{step}', daemon=True)
-    watcher.start()
-    self._watchers = [t for t in self._watchers if t.is_alive()] + [watcher]
-
   def _committed(self, step: int, start: float) -> None:
     duration = time.time() - start
     self._events.write('save_committed', step=step, duration_s=round(duration, 6))
     self._summaries.committed(step, duration)
     if self._preservation is not None and self._events.host == 0:
       self._preserve()
-
-  def _settle(self) -> None:
-    """Waits for the save in flight; a failed one is dropped (orbax forgets it, its leftovers go)."""
-    try:
-      self.wait_until_finished()
-    except Exception as e:  # pylint: disable=broad-except
-      failed = self._history[-1].step if self._history else None
-      # Kept in the decision history: a failed attempt still counts for the minimum interval.
-      logging.info('[autockpt] dropping the failed save of step %s: %s', failed, one_line(e))
-      if self._events.host == 0 and failed is not None:
-        self._remove_leftovers(failed)
 
   def _remove_leftovers(self, step: int) -> None:
     """Never committed, so nothing is lost; left, they would only take the space (and on object
@@ -309,7 +281,7 @@ class AutockptCheckpointer:
       self._save(step, 'preemption', state)
     if not self._exit_after_ondemand:
       return
-    self._settle()
+    self._background.wait()
     if self._saving and not layout.is_committed(self._step_dir(step)):
       raise outcomes.SaveFailed(step, f'On-demand checkpoint of step {step} failed to commit; the newest '
                                 f'committed checkpoint is {self.newest_committed()}')

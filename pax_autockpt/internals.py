@@ -4,11 +4,17 @@ Neither has hooks for these; each function names the private attribute it uses, 
 has one file to check.
 """
 
+import collections
 import dataclasses
+import json
 import threading
 from typing import Any, Callable
 
 from etils import epath
+import jax
+from jax._src import distributed
+import numpy as np
+from orbax.checkpoint import multihost as orbax_multihost
 from orbax.checkpoint import utils as orbax_utils
 
 from pax_autockpt import layout
@@ -56,16 +62,47 @@ def restore_newest_instead(pax_checkpointer: Any) -> None:
   pax_checkpointer._step_to_restore = pax_checkpointer.checkpoint_manager.latest_step()  # pylint: disable=protected-access
 
 
-def finalize_thread(manager: Any) -> threading.Thread | None:
-  """The thread that commits the save in flight (orbax's async finalize), if any."""
-  return getattr(manager, '_finalize_thread', None)
+_BARRIER_TIMEOUT_MS = 10 * 60 * 1000  # a peer stuck this long is gone: fail rather than hang
+_uses = collections.Counter()
+_uses_lock = threading.Lock()
 
 
-def join_without_raising(thread: threading.Thread) -> None:
-  """threading.Thread.join, not orbax's join(): that one raises the commit error and clears it, and
-  orbax must still see it to drop the failed step from its list."""
-  threading.Thread.join(thread)
+def _next_key(kind: str, name: str) -> str:
+  """Every host calls orbax's barriers and broadcasts in the same order: per-name counters agree."""
+  with _uses_lock:
+    _uses[(kind, name)] += 1
+    return f'autockpt/orbax/{kind}/{name}/{_uses[(kind, name)]}'
 
 
-def commit_error(thread: threading.Thread | None) -> BaseException | None:
-  return getattr(thread, 'exception', None)
+def _barrier(name: str, processes: Any = None) -> None:
+  client = distributed.global_state.client
+  if client is None or jax.process_count() == 1:
+    return
+  if processes is not None:
+    raise NotImplementedError('orbax barrier over a subset of processes (paxml 1.4.0 uses none)')
+  client.wait_at_barrier(_next_key('barrier', name), _BARRIER_TIMEOUT_MS)
+
+
+def _broadcast(in_tree: Any, *, is_source: bool | None = None, processes: Any = None) -> Any:
+  client = distributed.global_state.client
+  if client is None or jax.process_count() == 1:
+    return in_tree
+  if processes is not None:
+    raise NotImplementedError('orbax broadcast to a subset of processes (paxml 1.4.0 uses none)')
+  leaves, tree = jax.tree_util.tree_flatten(in_tree)
+  key = _next_key('broadcast', 'one_to_some')
+  source = jax.process_index() == 0 if is_source is None else is_source
+  if source:
+    client.key_value_set(key, json.dumps([[np.asarray(x).tolist(), np.asarray(x).dtype.str] for x in leaves]))
+    return in_tree
+  got = json.loads(client.blocking_key_value_get(key, _BARRIER_TIMEOUT_MS))
+  return jax.tree_util.tree_unflatten(tree, [np.asarray(v, dtype=d) for v, d in got])
+
+
+def use_coordination_service_for_orbax_sync() -> None:
+  """orbax 0.5.9's barriers (`sync_global_processes`) and the broadcast of a save's temporary name are
+  device collectives (a jitted psum). Called from a background save thread they would interleave with
+  the training step's collectives; through jax.distributed's coordination service (a barrier, the
+  key-value store) they are safe from any thread, and cost nothing with one process."""
+  orbax_utils.sync_global_processes = _barrier
+  orbax_multihost.broadcast_one_to_some = _broadcast

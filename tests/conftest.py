@@ -2,7 +2,6 @@
 
 import os
 import signal
-import tempfile
 
 import pytest
 
@@ -43,16 +42,6 @@ def tb_scalars(job_log_dir) -> dict[str, list[tuple[int, float]]]:
     out[tag] = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
                 for e in acc.Tensors(tag)]
   return out
-
-
-@pytest.fixture(scope='session', autouse=True)
-def jax_compilation_cache():
-  """Every training process the tests start shares JAX's persistent compilation cache: the tiny
-  model's train step then loads in ~1 s instead of compiling for 5-10 s, in each of ~50 process
-  starts. (Benchmarks never use it: their start-up figures are cold.)"""
-  os.environ.setdefault('JAX_COMPILATION_CACHE_DIR',
-                        os.path.join(tempfile.gettempdir(), 'pax-autockpt-tests-jax-cache'))
-  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.5')
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from etils import epath
-import numpy as np
+from jax import numpy as jnp
 
 from pax_autockpt import checkpointer as checkpointer_lib
 from pax_autockpt import events as events_lib
@@ -88,7 +88,10 @@ class FakeOrbaxManager:
   def latest_step(self) -> int | None:
     return self._steps[-1] if self._steps else None
 
-  def save(self, step: int) -> None:
+  def save(self, step: int, items: Any = None, save_kwargs: Any = None, force: bool = False) -> bool:
+    """As orbax: the step's temporary directory, then the writes, then an async commit."""
+    del save_kwargs, force
+    self.saved_items = items
     self.attempts.append(step)
     self.wait_until_finished()
     tmp = self.directory / f'checkpoint_{step:08d}.orbax-checkpoint-tmp-{len(self.tmp_dirs)}'
@@ -104,6 +107,7 @@ class FakeOrbaxManager:
     self._finalize_thread = FinalizeThread(target=self._finalize, args=(tmp, step, doomed, self.fail_commit),
                                            daemon=True)
     self._finalize_thread.start()
+    return True
 
   def _finalize(self, tmp: epath.Path, step: int, doomed: list[int], error: BaseException | None) -> None:
     if not self.gate.wait(GATE_TIMEOUT_S):
@@ -178,13 +182,12 @@ class FakePaxCheckpointer:
                  train_state_unpadded_shape_dtype_struct=None, train_state_pspecs=None,
                  train_input_pipeline=None) -> None:
     """As paxml: a forced save unless saving is off or the step is not newer than the latest."""
-    del partitioned_train_state, train_state_unpadded_shape_dtype_struct, train_state_pspecs
-    del train_input_pipeline
+    del train_state_unpadded_shape_dtype_struct, train_state_pspecs, train_input_pipeline
     if not self._enable_checkpoint_saving:
       return
     latest = self.checkpoint_manager.latest_step()
     if latest is None or latest < step_i:
-      self.orbax.save(step_i)
+      self.orbax.save(step_i, {'state': partitioned_train_state, 'metadata': {'step': step_i}}, force=True)
 
   def wait_until_finished(self) -> None:
     self.checkpoint_manager.wait_until_finished()
@@ -192,7 +195,7 @@ class FakePaxCheckpointer:
 
 # --- the wrapper around the fake, and a preemption in-process ---------------------------------------
 
-STATE = np.zeros(2, np.float32)  # what jax.block_until_ready is given as the train state
+STATE = {'w': jnp.zeros(2, jnp.float32)}  # the train state: one small jax.Array
 
 
 def preempt() -> None:

@@ -110,7 +110,8 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
   assert stock.wait(180) == 1, stock.log()[-4000:]
   gcs.set_faults()
   preemptions = _last_run(job, 'preemption')
-  assert preemptions, (events_lib.read(job)[-5:], stock.log()[-4000:])
+  parts = {n: gcs.read(n).count(b'\n') for n in gcs.objects(f'{job_name}/autockpt/') if n.endswith('.jsonl')}
+  assert preemptions, (parts, [e['event'] for e in events_lib.read(job)][-8:], stock.log()[-3000:])
   agreed = preemptions[0]['step']
   lines = [x for x in stock.log().splitlines() if f'On-demand checkpoint of step {agreed} failed' in x]
   assert len(lines) == 1 and f'the newest committed checkpoint is {step2}' in lines[0], lines

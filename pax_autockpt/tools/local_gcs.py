@@ -160,6 +160,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     side = 'tf' if self.tunneled else 'tensorstore'
     self.server.stats.add('requests')
     self.server.stats.add(f'{side}:{self.command}')
+    self.server.stats.add(f'under:{_area(self.path)}')
     if self.server.faults.latency_ms:
       time.sleep(self.server.faults.latency_ms / 1000)
     if self._fails():
@@ -197,6 +198,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     return out
 
   do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _forward
+
+
+def _area(path: str) -> str:
+  """Which part of a job directory a request is about: checkpoints, autockpt (events), summaries."""
+  text = urllib.parse.unquote(path)
+  return next((a for a in ('checkpoints', 'autockpt', 'summaries') if f'/{a}/' in text), 'other')
 
 
 def _free_port() -> int:
@@ -320,7 +327,8 @@ class LocalGCS:
     self._json('POST', _CONTROL + 'faults', dataclasses.asdict(Faults(**faults)))
 
   def stats(self, reset: bool = False) -> dict[str, int]:
-    """Storage requests seen since the last reset: 'requests' in all, and per client:method."""
+    """Storage requests seen since the last reset: 'requests' in all, per 'client:METHOD' (client
+    'tf' or 'tensorstore'), and per 'under:AREA' (checkpoints, autockpt, summaries, other)."""
     return self._json('GET', _CONTROL + 'stats' + ('?reset=1' if reset else ''))
 
   def objects(self, prefix: str = '') -> dict[str, int]:
@@ -349,6 +357,13 @@ class LocalGCS:
 
   def delete(self, name: str) -> None:
     self._json('DELETE', f'/storage/v1/b/{self.bucket}/o/{urllib.parse.quote(name, safe="")}')
+
+  def delete_prefix(self, prefix: str) -> int:
+    """Deletes every object under `prefix` (the server keeps all in memory); returns how many."""
+    names = list(self.objects(prefix))
+    for name in names:
+      self.delete(name)
+    return len(names)
 
 
 def _serve_proxy(upstream_port: int, workdir: str) -> None:

@@ -1,0 +1,148 @@
+"""The save path: the training loop waits only for the state's copy off the devices.
+
+orbax 0.5.9 does most of an "async" save in the caller's thread: the temporary directory and its
+barriers, a tensorstore open and metadata file per array, the sharding files, Pax's metadata; on
+object storage each of those is a round trip. `BackgroundSaves` takes over the orbax
+CheckpointManager's `save`: in the caller's thread it only copies every array shard this host will
+write into host memory — a consistent snapshot of this step, since the loop donates and overwrites the
+device buffers at the next step — and then runs orbax's own save, unchanged, on those copies in one
+background thread, where it also waits for orbax's commit. Multi-host waits there must not be device
+collectives (they would interleave with the training step's); `internals` routes orbax's barriers and
+broadcasts through jax.distributed's coordination service.
+"""
+
+import dataclasses
+import threading
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from orbax.checkpoint import type_handlers
+
+from pax_autockpt import internals
+
+
+@dataclasses.dataclass(frozen=True)
+class HostShard:
+  """One addressable shard: where it sits in the global array, and its bytes if this host writes it.
+  (A plain class, not a NamedTuple: jax maps over a list of shards as a pytree, shards are leaves.)"""
+
+  index: tuple[slice, ...]
+  replica_id: int
+  data: Any  # np.ndarray, or a jax.ShapeDtypeStruct for a replica this host does not write
+
+
+class HostArray:
+  """A jax.Array's shards copied to host memory, with what orbax's ArrayHandler and jax's
+  `async_serialize` read from a jax.Array (shape, dtype, sharding, addressable shards)."""
+
+  def __init__(self, array: jax.Array, shards: list[HostShard]):
+    self.shape = array.shape
+    self.dtype = array.dtype
+    self.sharding = array.sharding
+    self.ndim = array.ndim
+    self.size = array.size
+    self.is_fully_addressable = array.is_fully_addressable
+    self.addressable_shards = shards
+
+  def addressable_data(self, i: int) -> Any:
+    return self.addressable_shards[i].data
+
+  @property
+  def nbytes(self) -> int:
+    return sum(s.data.nbytes for s in self.addressable_shards if isinstance(s.data, np.ndarray))
+
+
+def _written(shard) -> bool:
+  return shard.replica_id == 0  # orbax's ArrayHandler writes replica 0 of every shard
+
+
+def to_host(tree: Any) -> Any:
+  """Every jax.Array leaf as a HostArray: all device->host copies started first, then collected."""
+  arrays = [x for x in jax.tree_util.tree_leaves(tree) if isinstance(x, jax.Array)]
+  for array in arrays:
+    for shard in array.addressable_shards:
+      # Accelerators: all transfers in flight at once. Not on CPU, where the device buffer already is
+      # host memory, and an async copy can still be reading it when the next step donates it.
+      if _written(shard) and shard.device.platform != 'cpu':
+        shard.data.copy_to_host_async()
+
+  def copy(x):
+    if not isinstance(x, jax.Array):
+      return x
+    shards = [HostShard(s.index, s.replica_id,
+                        np.array(s.data, copy=True) if _written(s)
+                        else jax.ShapeDtypeStruct(s.data.shape, s.data.dtype))
+              for s in x.addressable_shards]
+    return HostArray(x, shards)
+
+  return jax.tree_util.tree_map(copy, tree)
+
+
+def _register_with_orbax() -> None:
+  """HostArray is written by the very handler (and settings, e.g. Pax's metadata key) registered for
+  jax.Array: that entry of orbax's registry is widened to match both (one handler per type string)."""
+  handler = type_handlers.get_type_handler(jax.Array)
+  type_handlers.register_type_handler(jax.Array, handler, func=lambda t: issubclass(t, (jax.Array, HostArray)),
+                                      override=True)
+
+
+Started = Callable[[int], None]
+Done = Callable[[int, BaseException | None], None]
+
+
+class BackgroundSaves:
+  """Splits the orbax manager's save(): `capture` (the manager's save, in the caller's thread) takes
+  the host snapshot, `launch` runs the rest of the save in a background thread."""
+
+  def __init__(self, orbax_manager: Any):
+    self._manager = orbax_manager
+    self._orbax_save = orbax_manager.save
+    orbax_manager.save = self.capture
+    self._pending: tuple[int, dict[str, Any]] | None = None
+    self._thread: threading.Thread | None = None
+    internals.use_coordination_service_for_orbax_sync()
+
+  def capture(self, step: int, items: Any = None, save_kwargs: Any = None, metrics: Any = None,
+              force: bool = False, args: Any = None) -> bool:
+    """Stands in for orbax's CheckpointManager.save: the snapshot only; `launch` does the save."""
+    if args is not None or metrics is not None:
+      raise NotImplementedError('orbax save with args= or metrics= (paxml 1.4.0 passes neither)')
+    self.wait()
+    _register_with_orbax()
+    items = {name: to_host(item) if name == 'state' else item for name, item in items.items()}
+    self._pending = (step, dict(items=items, save_kwargs=save_kwargs, force=force))
+    return True
+
+  def launch(self, started: Started, done: Done) -> int | None:
+    """Runs the captured save in the background: `started(step)`, orbax's save, its commit, then
+    `done(step, error)`. Returns the step, or None when nothing was captured."""
+    if self._pending is None:
+      return None
+    step, kwargs = self._pending
+    self._pending = None
+    self._thread = threading.Thread(target=self._finish, args=(step, kwargs, started, done),
+                                    name=f'autockpt-save-{step}', daemon=True)
+    self._thread.start()
+    return step
+
+  def _finish(self, step: int, kwargs: dict[str, Any], started: Started, done: Done) -> None:
+    error = None
+    try:
+      started(step)
+      self._orbax_save(step, **kwargs)
+      self._manager.wait_until_finished()  # the commit; raises its error and drops the step if it failed
+    except BaseException as e:  # pylint: disable=broad-except
+      error = e
+    done(step, error)
+
+  def wait(self, timeout: float | None = None) -> bool:
+    """Waits for the save in flight; True when none is left."""
+    thread = self._thread
+    if thread is not None:
+      thread.join(timeout)
+    return thread is None or not thread.is_alive()
+
+  @property
+  def in_flight(self) -> bool:
+    return self._thread is not None and self._thread.is_alive()

@@ -1,0 +1,104 @@
+"""`make bench`: every figure from alternating, paired runs in one invocation, median with min-max,
+against a baseline measured alongside (saving off, stock paxml, a raw write or a single-object upload of
+the same bytes). Not in CI; scenarios can run separately and their figures are merged into
+bench/results.json, from which bench/results.md is written.
+
+  python -m pax_autockpt.tools.bench --only tiny_local,tiny_gcs30 --pairs 5
+
+Storages: `local` (this disk), `gcs0` and `gcs30` (pax_autockpt.tools.local_gcs with 0 and 30 ms per
+request). Scenarios (see scenarios.py): tiny_<storage> (step time with continuous saving vs off, loop
+blocking, save duration, interval, requests per save), ondemand_<size>_<storage> (the on-demand save vs
+the storage's own limit for the same bytes), stock_<size> (SIGTERM -> exit vs stock paxml), restart,
+hook, decision, formats_<storage> (zarr vs OCDBT).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from pax_autockpt.tools import local_gcs
+from pax_autockpt.tools.bench import markdown
+from pax_autockpt.tools.bench import measure
+from pax_autockpt.tools.bench import scenarios
+
+STORAGES = {'local': None, 'gcs0': 0.0, 'gcs30': 30.0}
+DEFAULT = ('tiny_local,tiny_gcs0,tiny_gcs30,ondemand_Medium_local,ondemand_Large_local,ondemand_Medium_gcs0,'
+           'ondemand_Medium_gcs30,stock_Medium,restart,hook,decision,formats_local,formats_gcs30')
+
+
+def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
+  kind, *rest = name.split('_')
+  if kind == 'tiny':
+    return scenarios.tiny_saves(storage, args.pairs, args.secs)
+  if kind == 'ondemand':
+    return scenarios.on_demand(storage, rest[0], args.pairs)
+  if kind == 'stock':
+    return scenarios.sigterm_vs_stock(storage, rest[0], args.pairs)
+  if kind == 'restart':
+    return scenarios.restart(storage, args.pairs)
+  if kind == 'hook':
+    return scenarios.hook_cost(storage, args.pairs, args.secs)
+  if kind == 'decision':
+    return scenarios.decision(storage, args.pairs, args.secs)
+  if kind == 'formats':
+    return scenarios.formats(storage, args.pairs, args.secs)
+  raise SystemExit(f'error: unknown scenario {name!r}: choose from {DEFAULT}')
+
+
+def _storage_of(name: str) -> str:
+  last = name.split('_')[-1]
+  return last if last in STORAGES else 'local'
+
+
+def _commit() -> str:
+  try:
+    return subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True,
+                          timeout=10).stdout.strip()
+  except OSError:
+    return ''
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog='python -m pax_autockpt.tools.bench', description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('--out', default='bench')
+  parser.add_argument('--only', default=DEFAULT, help='comma-separated scenarios')
+  parser.add_argument('--pairs', type=int, default=5, help='alternating runs per arm (>= 5 for a figure)')
+  parser.add_argument('--secs', type=float, default=15.0, help='training seconds per timed run')
+  args = parser.parse_args(argv)
+  results_path = os.path.join(args.out, 'results.json')
+  results = json.load(open(results_path)) if os.path.exists(results_path) else {}
+  results.update(machine=f'{os.cpu_count()} CPUs, {sys.platform}', scenarios=results.get('scenarios', {}))
+  workdir = measure.scratch(args.out)
+  names = [n for n in args.only.split(',') if n]
+  gcs = None
+  try:
+    if any(_storage_of(n) != 'local' for n in names):
+      gcs = local_gcs.LocalGCS(os.path.join(workdir, 'gcs'), bucket='autockpt-bench').start()
+      os.environ.update(gcs.env())  # this process reads the event logs on the bucket too
+    for name in names:
+      where = _storage_of(name)
+      storage = measure.Storage(where, workdir, gcs if where != 'local' else None, STORAGES[where] or 0)
+      measure.say(f'--- {name} ({args.pairs} pairs)')
+      figures = _run(name, storage, args)
+      results['scenarios'][name] = {
+          'measured': datetime.datetime.now().isoformat(timespec='seconds'), 'commit': _commit(),
+          'pairs': args.pairs, 'secs': args.secs, 'figures': [f.to_dict() for f in figures]}
+      with open(results_path, 'w') as f:  # after each scenario: a long run keeps what it measured
+        json.dump(results, f, indent=1)
+      with open(os.path.join(args.out, 'results.md'), 'w') as f:
+        f.write(markdown.render(results))
+  finally:
+    if gcs is not None:
+      gcs.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+  print(markdown.render(results))
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

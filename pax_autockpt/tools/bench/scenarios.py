@@ -1,0 +1,227 @@
+"""The bench's scenarios: each returns Figures from alternating, paired runs (see measure.py)."""
+
+import os
+import sys
+import time
+
+from pax_autockpt import layout
+from pax_autockpt.tools import process
+from pax_autockpt.tools.bench import measure
+from pax_autockpt.tools.bench.measure import Figure
+from pax_autockpt.tools.bench.measure import Storage
+
+_B = 'pax_autockpt.tools.bench_experiments.'
+OFF = ('--enable_checkpoint_saving=false',)
+CONTINUOUS = ('--autockpt_continuous', '--autockpt_keep_latest=3')
+CONTINUOUS_1S = (*CONTINUOUS, '--autockpt_min_interval_secs=1')
+
+
+def ours(exp: str, *flags: str) -> list[str]:
+  return [sys.executable, '-m', 'pax_autockpt.main', f'--exp={_B}{exp}', *flags]
+
+
+def stock(exp: str, *flags: str) -> list[str]:
+  argv = process.stock_argv(f'{_B}{exp}', '', '--jax_fully_async_checkpoint', '--exit_after_ondemand_checkpoint',
+                            '--num_hosts=1', '--host_idx=0', *flags)
+  return [a for a in argv if a != '--job_log_dir=']
+
+
+def _port_flag() -> str:
+  from pax_autockpt import hosts  # pylint: disable=g-import-not-at-top
+  return f'--server_addr=127.0.0.1:{hosts.free_loopback_port()}'
+
+
+def _pct(xs, q):
+  xs = sorted(xs)
+  if not xs:
+    return None
+  pos = (len(xs) - 1) * q / 100
+  lo = int(pos)
+  hi = min(lo + 1, len(xs) - 1)
+  return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _save_stats(run: measure.Run, skip: int = 2) -> dict:
+  """Per run: loop blocking P50/P90, start -> commit P50, start -> start P50, requests per save."""
+  saves = run.saves(skip=skip)
+  blocking = [e['blocking_s'] * 1e3 for e in saves]
+  committed = run.committed()
+  durations = [committed[e['step']] * 1e3 for e in saves if e['step'] in committed]
+  starts = [e['t'] for e in saves]
+  every = run.saves()
+  return dict(blocking_p50=_pct(blocking, 50), blocking_p90=_pct(blocking, 90),
+              duration_p50=_pct(durations, 50),
+              interval_p50=_pct([b - a for a, b in zip(starts, starts[1:])], 50),
+              requests=(run.checkpoint_requests / len(every)) if run.checkpoint_requests and every else None)
+
+
+def tiny_saves(storage: Storage, pairs: int, secs: float, fmt: tuple[str, ...] = ()) -> list[Figure]:
+  """Step time with continuous checkpointing (no minimum, 1 s minimum) against saving off, and the
+  save path's per-save figures, on the tiny state."""
+  arms = {'off': OFF, 'continuous': CONTINUOUS, 'continuous_1s': CONTINUOUS_1S}
+  step = {a: [] for a in arms}
+  stats = {a: [] for a in arms if a != 'off'}
+  for i in range(pairs):
+    for arm, flags in arms.items():
+      run = measure.timed_run(storage, ours('TinyAutockpt', *flags, *fmt), f'tiny-{storage.name}-{arm}-{i}',
+                              train_secs=secs, preempt=False)
+      step[arm].append(measure.mean_step_secs(run.log) * 1e3)
+      if arm in stats:
+        stats[arm].append(_save_stats(run))
+      storage.clean(run.job_dir)
+      measure.say(f'tiny {storage.name} {arm} #{i}: {step[arm][-1]:.2f} ms/step'
+                  + (f', {stats[arm][-1]}' if arm in stats else ''))
+  where = f'tiny, {storage.name}'
+  figures = [
+      Figure(f'step time, continuous (no minimum) vs off, {where}', 'ms', step['continuous'], step['off'], 'off'),
+      Figure(f'step time, continuous 1 s minimum vs off, {where}', 'ms', step['continuous_1s'], step['off'],
+             'off'),
+  ]
+  for key, label, unit in (('blocking_p50', 'loop blocked per save P50', 'ms'),
+                           ('blocking_p90', 'loop blocked per save P90', 'ms'),
+                           ('duration_p50', 'save start -> commit P50', 'ms'),
+                           ('interval_p50', 'checkpoint interval P50', 's'),
+                           ('requests', 'storage requests per save', 'requests')):
+    values = [s[key] for s in stats['continuous']]
+    if any(v is not None for v in values):
+      figures.append(Figure(f'{label}, continuous (no minimum), {where}', unit, values))
+  return figures
+
+
+def on_demand(storage: Storage, size: str, pairs: int, fmt: tuple[str, ...] = ()) -> list[Figure]:
+  """The on-demand save after SIGTERM against the storage's own limit for the same bytes."""
+  save, blocked, exit_s, base, requests = [], [], [], [], []
+  for i in range(pairs):
+    run = measure.timed_run(storage, ours(f'{size}Autockpt', *fmt), f'od-{size}-{storage.name}-{i}', train_secs=3,
+                            preempt=True)
+    step = [e['step'] for e in run.events if e['event'] == 'preemption'][0]
+    started = [e for e in run.saves('preemption') if e['step'] == step]
+    nbytes = storage.step_bytes(run.job_dir, step)
+    save.append(run.committed().get(step))
+    blocked.append(started[0]['blocking_s'] if started else None)
+    exit_s.append(run.sigterm_to_exit_s)
+    requests.append(run.checkpoint_requests)
+    storage.clean(run.job_dir)
+    base.append(storage.baseline_write_secs(nbytes))
+    measure.say(f'on-demand {size} {storage.name} #{i}: exit {run.code}, save {save[-1]} s for '
+                f'{nbytes / 1e6:.0f} MB, blocked {blocked[-1]} s, baseline {base[-1]:.2f} s')
+  what = 'single-object upload' if storage.is_gcs else 'raw write + fsync'
+  where = f'{size} ({nbytes / 1e6:.0f} MB), {storage.name}'
+  figures = [Figure(f'on-demand save (start -> commit) vs {what}, {where}', 's', save, base, what),
+             Figure(f'loop blocked by the on-demand save, {where}', 's', blocked),
+             Figure(f'SIGTERM -> exit 143, {where}', 's', exit_s)]
+  if storage.is_gcs:
+    figures.append(Figure(f'storage requests of the run (restore + saves), {where}', 'requests', requests))
+  return figures
+
+
+def sigterm_vs_stock(storage: Storage, size: str, pairs: int) -> list[Figure]:
+  """SIGTERM -> exit with the checkpoint committed: ours against stock paxml with the seed's flags."""
+  mine, theirs, codes = [], [], set()
+  for i in range(pairs):
+    a = measure.timed_run(storage, ours(f'{size}Autockpt'), f'vs-ours-{size}-{i}', train_secs=3, preempt=True)
+    b = measure.timed_run(storage, stock(f'{size}Stock', _port_flag()), f'vs-stock-{size}-{i}', train_secs=3,
+                          preempt=True)
+    mine.append(a.sigterm_to_exit_s)
+    theirs.append(b.sigterm_to_exit_s)
+    codes.add((a.code, b.code))
+    storage.clean(a.job_dir)
+    storage.clean(b.job_dir)
+    measure.say(f'SIGTERM -> exit {size} #{i}: ours {mine[-1]:.2f} s (exit {a.code}), stock {theirs[-1]:.2f} s '
+                f'(exit {b.code})')
+  return [Figure(f'SIGTERM -> exit, ours vs stock paxml (exit codes ours/stock {sorted(codes)}), {size}, '
+                 f'{storage.name}', 's', mine, theirs, 'stock paxml')]
+
+
+def _first_step_secs(storage: Storage, argv: list[str], name: str, job_dir: str) -> float:
+  log = os.path.join(storage.workdir, f'{name}.log')
+  job = process.Job([*argv, f'--job_log_dir={job_dir}'], log, env=storage.env())
+  try:
+    job.wait_for_log(measure.STEP_DONE, timeout=900)
+    return time.time() - job.started
+  finally:
+    job.kill()
+
+
+def restart(storage: Storage, pairs: int) -> list[Figure]:
+  """Process start -> first step: a restart that restores against a fresh start."""
+  fresh, again = [], []
+  for i in range(pairs):
+    job_dir = storage.job_dir(f'restart-{i}')
+    fresh.append(_first_step_secs(storage, ours('TinyAutockpt'), f'restart-fresh-{i}', job_dir))
+    again.append(_first_step_secs(storage, ours('TinyAutockpt'), f'restart-again-{i}', job_dir))
+    storage.clean(job_dir)
+    measure.say(f'first step #{i}: fresh {fresh[-1]:.1f} s, restart {again[-1]:.1f} s')
+  return [Figure(f'restart -> first step vs fresh start, tiny, {storage.name}', 's', again, fresh, 'fresh start')]
+
+
+def hook_cost(storage: Storage, pairs: int, secs: float) -> list[Figure]:
+  """The hook's per-step cost when nothing is saved: ours against stock paxml, saving off."""
+  mine, theirs = [], []
+  for i in range(pairs):
+    a = measure.timed_run(storage, ours('TinyAutockpt', *OFF), f'hook-ours-{i}', train_secs=secs, preempt=False)
+    b = measure.timed_run(storage, stock('TinyStock', _port_flag(), *OFF), f'hook-stock-{i}', train_secs=secs,
+                          preempt=False)
+    mine.append(measure.mean_step_secs(a.log) * 1e3)
+    theirs.append(measure.mean_step_secs(b.log) * 1e3)
+    storage.clean(a.job_dir)
+    storage.clean(b.job_dir)
+    measure.say(f'hook #{i}: ours {mine[-1]:.3f} ms/step, stock {theirs[-1]:.3f} ms/step')
+  return [Figure('step time with nothing saved, ours vs stock paxml, tiny', 'ms', mine, theirs, 'stock paxml')]
+
+
+def _two_hosts_step_ms(storage: Storage, name: str, secs: float, *flags: str) -> float:
+  job_dir = storage.job_dir(name)
+  argv = [sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', '--num_hosts=2', '--',
+          f'--exp={_B}TinyMultisliceRareSaves', f'--job_log_dir={job_dir}', *flags]
+  job = process.Job(argv, os.path.join(storage.workdir, f'{name}.log'), env=storage.env())
+  host0 = os.fspath(layout.host_log_path(job_dir, 0))
+  try:
+    deadline = time.time() + 900
+    while not (os.path.exists(host0) and 'Step `3` completed' in open(host0, errors='replace').read()):
+      if time.time() > deadline or job.proc.poll() is not None:
+        raise RuntimeError(f'{name} did not start training: {job.log()[-2000:]}')
+      time.sleep(0.5)
+    time.sleep(secs)
+  finally:
+    job.kill()
+  step_ms = measure.mean_step_secs(open(host0, errors='replace').read()) * 1e3
+  storage.clean(job_dir)
+  return step_ms
+
+
+def decision(storage: Storage, pairs: int, secs: float) -> list[Figure]:
+  """Per-step cost of the multi-host save decision (primary decides, key-value store), 2 hosts,
+  nothing saved: continuous with an unreachable minimum against Pax's never-due interval."""
+  local, agreed = [], []
+  for i in range(pairs):
+    local.append(_two_hosts_step_ms(storage, f'decision-pax-{i}', secs))
+    agreed.append(_two_hosts_step_ms(storage, f'decision-agreed-{i}', secs, '--autockpt_continuous',
+                                     '--autockpt_min_interval_secs=1e9'))
+    measure.say(f'decision #{i}: Pax interval {local[-1]:.2f} ms/step, primary decides {agreed[-1]:.2f} ms/step')
+  return [Figure('step time, 2 hosts, primary-decides save decision vs Pax\'s local interval', 'ms', agreed, local,
+                 'Pax interval')]
+
+
+def formats(storage: Storage, pairs: int, secs: float) -> list[Figure]:
+  """zarr (a directory and files per array) against OCDBT (one key-value database per checkpoint):
+  loop blocking per continuous save of the tiny state, and the Medium on-demand save."""
+  zarr, ocdbt = ('--tensorstore_use_ocdbt=false',), ('--tensorstore_use_ocdbt',)
+  block = {'zarr': [], 'ocdbt': []}
+  save = {'zarr': [], 'ocdbt': []}
+  for i in range(pairs):
+    for name, flags in (('zarr', zarr), ('ocdbt', ocdbt)):
+      run = measure.timed_run(storage, ours('TinyAutockpt', *CONTINUOUS, *flags), f'fmt-tiny-{name}-{i}',
+                              train_secs=secs, preempt=False)
+      block[name].append(_save_stats(run)['blocking_p50'])
+      storage.clean(run.job_dir)
+      run = measure.timed_run(storage, ours('MediumAutockpt', *flags), f'fmt-medium-{name}-{i}', train_secs=3,
+                              preempt=True)
+      step = [e['step'] for e in run.events if e['event'] == 'preemption'][0]
+      save[name].append(run.committed().get(step))
+      storage.clean(run.job_dir)
+      measure.say(f'format {name} {storage.name} #{i}: tiny blocked {block[name][-1]} ms, Medium save '
+                  f'{save[name][-1]} s')
+  return [Figure(f'loop blocked per save P50, OCDBT vs zarr, tiny, {storage.name}', 'ms', block['ocdbt'],
+                 block['zarr'], 'zarr'),
+          Figure(f'on-demand save, OCDBT vs zarr, Medium, {storage.name}', 's', save['ocdbt'], save['zarr'], 'zarr')]
