@@ -8,6 +8,7 @@ from typing import Any
 from absl import logging
 from etils import epath
 import jax
+from jax._src import distributed
 from praxis import py_utils
 
 from pax_autockpt import agreement
@@ -16,6 +17,7 @@ from pax_autockpt import events as events_lib
 from pax_autockpt import integrity
 from pax_autockpt import internals
 from pax_autockpt import layout
+from pax_autockpt import notices
 from pax_autockpt import outcomes
 from pax_autockpt import policies
 from pax_autockpt import preemption
@@ -56,6 +58,9 @@ class AutockptCheckpointer:
     if self._preservation is not None:
       internals.turn_off_max_to_keep(self._orbax_manager)
     self._agree = agreement.PrimaryDecides(events.host)
+    self._notice_action = settings.notice_action
+    self._notices = notices.NoticeAgreement(events.host, distributed.global_state.client, jax.process_count())
+    notices.watch(settings.notices, self._notices.announce)
     self._background = background_save.BackgroundSaves(self._orbax_manager)
     self._lock = threading.Lock()
     self._times = {e['step']: e['t'] for e in events_lib.read(events.job_log_dir, events.host)
@@ -133,8 +138,11 @@ class AutockptCheckpointer:
     state = dict(partitioned_train_state=partitioned_train_state,
                  train_state_unpadded_shape_dtype_struct=train_state_unpadded_shape_dtype_struct,
                  train_state_pspecs=train_state_pspecs, train_input_pipeline=train_input_pipeline)
+    notice = self._notices.due(step_i)
     if self._preemption.check(step_i):
       self._on_preemption(step_i, state)
+    elif notice is not None:
+      self._on_notice(step_i, notice, state)
     elif self._saving and self._wants_save(step_i):
       self._save(step_i, self._save_reason, state)
 
@@ -273,14 +281,35 @@ class AutockptCheckpointer:
   def _on_preemption(self, step: int, state: dict[str, Any]) -> None:
     self._events.write('preemption', step=step, signal=self._preemption.signal_name)
     logging.info('[autockpt] Preemption: every host agreed on step %d.', step)
+    self._save_unless_committed(step, 'preemption', state)
+    if self._exit_after_ondemand:
+      self._exit_once_committed(step)
+
+  def _on_notice(self, step: int, notice: notices.Notice, state: dict[str, Any]) -> None:
+    """A maintenance or preemption notice (any host's): every host saves this step; training goes on
+    unless the action is 'save_and_exit'."""
+    self._events.write('notice', step=step, source=notice.source, value=notice.value, seen_by=notice.host)
+    logging.info('[autockpt] %s notice (%s) seen by host %d: every host saves step %d.', notice.source,
+                 notice.value[:100], notice.host, step)
+    notices.warn_if_window_is_too_close(notice, self._durations())
+    self._save_unless_committed(step, 'notice', state)
+    if self._notice_action == 'save_and_exit':
+      self._exit_once_committed(step)
+
+  def _durations(self) -> list[float]:
+    return [e['duration_s'] for e in events_lib.read(self._events.job_log_dir, self._events.host)
+            if e['event'] == 'save_committed' and isinstance(e.get('duration_s'), (int, float))]
+
+  def _save_unless_committed(self, step: int, reason: str, state: dict[str, Any]) -> None:
     if not self._saving:
-      logging.warning('[autockpt] --enable_checkpoint_saving=false: no on-demand checkpoint written.')
+      logging.warning('[autockpt] --enable_checkpoint_saving=false: no %s checkpoint written.', reason)
     elif self._latest_step() is not None and self._latest_step() >= step:
-      logging.info('[autockpt] Step %d is already committed; nothing new to save.', step)
+      logging.info('[autockpt] Step %d is already saved; nothing new to save.', step)
     else:
-      self._save(step, 'preemption', state)
-    if not self._exit_after_ondemand:
-      return
+      self._save(step, reason, state)
+
+  def _exit_once_committed(self, step: int) -> None:
+    """Waits for the step's save, then raises for the executor: Preempted, or SaveFailed."""
     self._background.wait()
     if self._saving and not layout.is_committed(self._step_dir(step)):
       raise outcomes.SaveFailed(step, f'On-demand checkpoint of step {step} failed to commit; the newest '

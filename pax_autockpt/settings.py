@@ -53,6 +53,12 @@ def _optional_seconds(v):
   return None if v is None or (_number(v) and v > 0) else 'use a number of seconds > 0, or None'
 
 
+def _choice(*allowed: str) -> Rule:
+  def rule(v):
+    return None if v in allowed else 'use one of ' + ', '.join(repr(a) for a in allowed)
+  return rule
+
+
 def _save_policy(v):
   if v is not None and not isinstance(v, policies.SaveDecisionPolicy):
     return ('use an object with should_save(step, previous, *, context), e.g. '
@@ -85,6 +91,11 @@ class Settings:
   keep_latest: int | None = option(None, 'preservation: keep the newest N', rule=_optional_count)
   keep_every_secs: float | None = option(None, 'preservation: one checkpoint per N seconds',
                                          rule=_optional_seconds)
+  notices: str = option('auto', "act on the metadata server's maintenance and preemption notices: 'auto' (where "
+                        "it answers), 'on' or 'off'", rule=_choice('auto', 'on', 'off'))
+  notice_action: str = option('save', "on a notice every host saves one agreed step, then 'save' trains on, "
+                              "'save_and_exit' exits 143 once it is committed",
+                              rule=_choice('save', 'save_and_exit'))
   save_policy: Any = option(None, 'any save-decision policy object, or a `pax_fiddle.Config` of one',
                             rule=_save_policy, flag=False, replaced_by=('continuous', 'min_interval_secs'))
   preservation_policy: Any = option(None, 'any preservation policy object, or a `pax_fiddle.Config` of one',

@@ -233,3 +233,34 @@ def test_policy_infos_are_oldest_first(job):
   ckpt.wait_until_finished()
   starts = {e['step']: e['t'] for e in fakes.events(job, 'save_started')}
   assert seen[-1] == [policies.CheckpointInfo(10, starts[10]), policies.CheckpointInfo(20, starts[20])]
+
+
+def test_a_notice_saves_the_next_step_and_training_goes_on(job):
+  """A notice (any host's) -> the next step is saved with reason 'notice' and a `notice` event; no
+  exit; a SIGTERM later saves only what was trained since."""
+  ckpt, fake = fakes.wrap(job, settings_lib.Settings(notices='off'), interval=1000)
+  ckpt.save_if_needed(0, STATE)  # Pax's first save
+  ckpt._notices.announce('maintenance-event', 'MIGRATE_ON_HOST_MAINTENANCE')  # pylint: disable=protected-access
+  ckpt.save_if_needed(1, STATE)
+  ckpt.save_if_needed(2, STATE)
+  ckpt.wait_until_finished()
+  assert committed(job) == [0, 1]
+  notice, = fakes.events(job, 'notice')
+  assert (notice['step'], notice['source'], notice['value']) == (1, 'maintenance-event', 'MIGRATE_ON_HOST_MAINTENANCE')
+  assert [(e['step'], e['reason']) for e in fakes.events(job, 'save_started')][-1] == (1, 'notice')
+  fakes.preempt()
+  with pytest.raises(outcomes.Preempted):
+    ckpt.save_if_needed(3, STATE)
+  assert committed(job) == [0, 1, 3]
+
+
+def test_notice_action_save_and_exit_exits_once_the_notice_save_commits(job):
+  ckpt, _ = fakes.wrap(job, settings_lib.Settings(notices='off', notice_action='save_and_exit'), interval=1000)
+  ckpt.save_if_needed(0, STATE)
+  ckpt.save_if_needed(1, STATE)
+  ckpt.wait_until_finished()
+  ckpt._notices.announce('preempted', 'TRUE')  # pylint: disable=protected-access
+  with pytest.raises(outcomes.Preempted) as stop:
+    ckpt.save_if_needed(2, STATE)
+  assert stop.value.step == 2 and committed(job) == [0, 2]
+  assert kinds(job)[-3:] == ['notice', 'save_started', 'save_committed']

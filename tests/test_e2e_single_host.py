@@ -1,6 +1,7 @@
 """End to end, one host: real paxml processes, real SIGTERM, real checkpoint directories."""
 
 import random
+import re
 import signal
 import time
 
@@ -76,6 +77,8 @@ def test_sigterm_mid_training_commits_agreed_step_exits_143_and_resumes(jobs, jo
   step = _assert_preempted_run(job_dir, restored=None)
   assert step > 0
   print(f'SIGTERM -> exit {secs:.2f} s, on-demand step {step}')
+  # notices 'auto' where no metadata server answers: one line, no watcher, no wait at start.
+  assert len(re.findall(r'\[autockpt\] notices: no metadata server at metadata.google.internal', first.log())) == 1
   # The same saves as TensorBoard scalars in the job's summaries.
   scalars = tb_scalars(job_dir)
   saved = [e['step'] for e in events_of(job_dir, 'save_started')]
