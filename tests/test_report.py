@@ -371,3 +371,24 @@ def test_job_data_is_never_executed(tmp_path, monkeypatch):
   assert r.unparsable_lines == 2
   assert r.malformed_events == 1
   assert r.saves_by_reason == {payload: 1}
+
+
+def test_notices_lead_time_and_steps_after_in_text_json_and_plot(tmp_path):
+  """A maintenance notice saved at 300, SIGTERM 42 s later agreed at 520: lead 42 s, 220 more steps."""
+  job = Job(tmp_path)
+  job.start(0, 0.0)
+  job.save(0, 10.0, 100)
+  job.ev(0, 30.0, 'notice', step=300, source='maintenance-event', value='TERMINATE_ON_HOST_MAINTENANCE',
+         seen_by=0)
+  job.save(0, 30.0, 300, reason='notice', blocking=0.01, duration=0.2)
+  job.ev(0, 72.0, 'preemption', step=520, signal='SIGTERM')
+  job.save(0, 72.0, 520, reason='preemption', blocking=0.01, duration=0.2)
+  job.ev(0, 72.5, 'exit', code=143, step=520)
+  r = report.load(job.write(checkpoints=(100, 300, 520)))
+  n, = r.notices
+  assert (n.step, n.source, n.committed, n.lead_s, n.steps_after) == (300, 'maintenance-event', True, 42.0, 220)
+  assert 'notices: 1 (maintenance-event=TERMINATE_ON_HOST_MAINTENANCE -> step 300 saved, SIGTERM 42.0 s later ' \
+         'after 220 more steps)' in report.format_text(r)
+  assert json.loads(json.dumps(r.to_dict()))['notices'][0]['lead_s'] == 42.0
+  report.plot(r, str(tmp_path / 'p.png'))
+  assert (tmp_path / 'p.png').read_bytes()[:8] == PNG_MAGIC

@@ -287,6 +287,23 @@ def _preemptions(evs: list[_Event],
   return sorted(found, key=lambda p: p.t)
 
 
+def _notices(evs: list[_Event], saves: list[model.Save]) -> list[model.Notice]:
+  """Notices, each with its lead over the next preemption of the same run (host 0's view)."""
+  committed = {s.step for s in saves if s.committed}
+  found = []
+  for group in _merge(evs, 'notice', required=False).values():
+    first = _pick(group)
+    after = next((e for e in evs if e.name == 'preemption' and e.host == first.host and e.run == first.run
+                  and e.t >= first.t), None)
+    step, later = _step(first), _step(after) if after else None
+    found.append(model.Notice(
+        step=step, source=values.string(first.rec.get('source')), value=values.string(first.rec.get('value')),
+        seen_by=values.integer(first.rec.get('seen_by')), t=first.t, committed=step in committed,
+        lead_s=after.t - first.t if after else None,
+        steps_after=later - step if later is not None and step is not None else None))
+  return sorted(found, key=lambda n: n.t)
+
+
 # ----------------------------------------------------------------------------------------------
 # Restarts.
 
@@ -429,7 +446,7 @@ def load(job_log_dir: str | os.PathLike) -> model.Report:
       committed_by_reason=_counts(s.reason for s in committed),
       steps_saved=sorted({s.step for s in committed}), blocking_s=blocking, duration_s=duration,
       interval_steps=interval_steps, interval_s=interval_s, seconds_per_step=seconds_per_step,
-      preemptions=_preemptions(evs, run_by_key),
+      preemptions=_preemptions(evs, run_by_key), notices=_notices(evs, saves),
       exit_codes=_counts(r.exit_code for r in runs if r.exited and r.exit_code is not None),
       restart_details=restarts, steps_lost_total=sum(steps_lost),
       steps_lost_max=max(steps_lost, default=0),

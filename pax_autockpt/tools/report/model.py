@@ -79,6 +79,19 @@ class Preemption:
 
 
 @dataclasses.dataclass
+class Notice:
+  """A maintenance or preemption notice (CONTRACT §8), merged over hosts."""
+  step: int | None                # the step every host saved for it
+  source: str | None              # maintenance-event, preempted, upcoming-maintenance
+  value: str | None
+  seen_by: int | None             # the host whose metadata server gave it
+  t: float
+  committed: bool                 # its save committed
+  lead_s: float | None            # notice -> the next preemption signal in the same run
+  steps_after: int | None         # steps trained after the notice save, up to that preemption
+
+
+@dataclasses.dataclass
 class Restart:
   index: int                      # the new run's index (>= 1)
   hosts: list[int]
@@ -115,6 +128,7 @@ class Report:
   interval_s: Stats
   seconds_per_step: float | None  # median over save pairs within one run
   preemptions: list[Preemption]
+  notices: list[Notice]
   exit_codes: dict[int, int]      # code -> number of (host, run) exits
   restart_details: list[Restart]
   steps_lost_total: int

@@ -80,6 +80,17 @@ def _preemption_line(r: model.Report) -> str:
           f' {steps} ({details})')
 
 
+def _notice_line(r: model.Report) -> str:
+  if not r.notices:
+    return 'notices: 0'
+  parts = []
+  for n in r.notices:
+    lead = '' if n.lead_s is None else f', SIGTERM {n.lead_s:.1f} s later after {n.steps_after} more steps'
+    saved = 'saved' if n.committed else 'not saved'
+    parts.append(f'{n.source}={(n.value or "?")[:40]} -> step {n.step} {saved}{lead}')
+  return f'notices: {len(r.notices)} ({"; ".join(parts)})'
+
+
 def _exit_lines(r: model.Report) -> list[str]:
   """Exit codes, and the steps lost by restarts (a lower bound after a run was killed)."""
   codes = ', '.join(f'{c} x{n}' for c, n in r.exit_codes.items())
@@ -125,6 +136,7 @@ def format_text(report: model.Report, mtbf_hours: float | None = None) -> str:
       *_job_lines(r),
       *_save_lines(r),
       _preemption_line(r),
+      _notice_line(r),
       *_exit_lines(r),
       *_storage_lines(r),
       f'restart cost R: {_fmt_s(r.restart_cost_s)} ({r.restart_cost_note})',

@@ -10,7 +10,7 @@ from etils import epath
 
 from pax_autockpt.tools.report import model
 
-_REASON_COLOURS = {'interval': 'tab:blue', 'continuous': 'tab:cyan', 'preemption': 'tab:red',
+_REASON_COLOURS = {'interval': 'tab:blue', 'continuous': 'tab:cyan', 'preemption': 'tab:red', 'notice': 'tab:orange',
                    'final': 'tab:green'}
 _RUN_COLOURS = ('tab:purple', 'tab:orange', 'tab:brown', 'tab:pink', 'tab:olive', 'black',
                 'darkgoldenrod', 'slateblue')
@@ -66,6 +66,9 @@ def _plot_preemptions_and_exits(ax, r: model.Report, label: _Legend) -> None:
   for p in r.preemptions:
     ax.axvline(p.t - r.t0, color='tab:red', linestyle='--', linewidth=1,
                label=label(f'preemption ({p.signal or "?"})'))
+  for n in r.notices:
+    ax.axvline(n.t - r.t0, color='tab:orange', linestyle=':', linewidth=1.5,
+               label=label(f'notice ({n.source or "?"})'))
   exits = [(run.t_exit - r.t0, run.exit_step if run.exit_step is not None else (run.max_step or 0))
            for run in r.runs if run.exited and run.t_exit is not None]
   if exits:
