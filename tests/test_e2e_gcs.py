@@ -42,11 +42,18 @@ def _preempt(job, after_secs, code=143) -> None:
   assert job.wait(180) == code, job.log()[-4000:]
 
 
-def _last_run(job, kind):
-  """The newest process start's events of one kind (host 0)."""
-  evs = events_lib.read(job)
-  last = max(i for i, e in enumerate(evs) if e['event'] == 'start')
-  return [e for e in evs[last:] if e['event'] == kind]
+def _last_run(job, kind, finished=False):
+  """The newest process start's events of one kind (host 0). With `finished`, the run has exited:
+  its log is read until its `exit` event shows. (Once, in a long session, this test process's TF
+  client returned an event part's earlier content right after the writer exited; a fresh process never
+  did. The bound keeps a real loss a failure.)"""
+  deadline = time.time() + 30
+  while True:
+    evs = events_lib.read(job)
+    last = max(i for i, e in enumerate(evs) if e['event'] == 'start')
+    if not finished or any(e['event'] == 'exit' for e in evs[last:]) or time.time() > deadline:
+      return [e for e in evs[last:] if e['event'] == kind]
+    time.sleep(1.0)
 
 
 def _objects_of(gcs, job_name, step):
@@ -88,7 +95,7 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
   _preempt(_run(jobs, argv, str(tmp_path / 'run2.log')), after_secs=3)
   assert [e['step'] for e in events_of(job, 'restore_skipped')] == [step]
   assert _last_run(job, 'start')[0]['restored_step'] == committed[0]
-  step2 = _last_run(job, 'preemption')[0]['step']
+  step2 = _last_run(job, 'preemption', finished=True)[0]['step']
   marked = _objects_of(gcs, job_name, step)
   assert f'{job_name}/checkpoints/{_name(step)}/{layout.UNRESTORABLE_MARKER}' in marked
   assert set(damaged) - set(marked) == {f'{job_name}/checkpoints/{_name(step)}/{layout.COMMIT_MARKER}'}
@@ -109,7 +116,7 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
   stock.send(signal.SIGTERM)
   assert stock.wait(180) == 1, stock.log()[-4000:]
   gcs.set_faults()
-  preemptions = _last_run(job, 'preemption')
+  preemptions = _last_run(job, 'preemption', finished=True)
   parts = {n: gcs.read(n).count(b'\n') for n in gcs.objects(f'{job_name}/autockpt/') if n.endswith('.jsonl')}
   if not preemptions:
     print('parts:', parts)
