@@ -73,6 +73,7 @@ class AutockptCheckpointer:
     if events.host == 0:
       self._log_interval_change()  # what this job's earlier saves measured
     self._history = [self._info(s) for s in layout.committed_steps(self.checkpoint_dir)]
+    self._metrics = {c.step: c.metrics for c in self._history if c.metrics}  # only what preservation may see
     # Object storage: steps whose name a damaged checkpoint still holds (marked in place).
     self._unrestorable = set(layout.marked_unrestorable_steps(self.checkpoint_dir))
     self.last_step: int | None = inner.step_to_restore
@@ -279,7 +280,7 @@ class AutockptCheckpointer:
     except Exception as e:  # pylint: disable=broad-except
       logging.warning('[autockpt] could not read the metrics of step %d: %s', step, one_line(e))
       return None
-    if values:
+    if values and self._preservation is not None:
       self._metrics[step] = values
     return values
 
@@ -317,6 +318,8 @@ class AutockptCheckpointer:
       layout.uncommit_and_delete(self._step_dir(step))
       with self._lock:
         self._history = [c for c in self._history if c.step != step]
+        self._times.pop(step, None)
+      self._metrics.pop(step, None)
       self._events.write('deleted', step=step, policy=repr(self._preservation))
     if doomed:
       logging.info('[autockpt] preservation deleted steps %s', doomed)

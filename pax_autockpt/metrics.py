@@ -34,12 +34,16 @@ class StepMetrics:
     self._values: dict[str, Any] = {}
 
   def tap(self, train_program: Any, eval_programs: Any) -> None:
-    """Wraps each program's `run` to keep what it returns (its output is passed on unchanged)."""
+    """Wraps each program's `run` to keep what it returns (its output is passed on unchanged; a custom
+    program whose output lacks Pax's fields just yields no metrics)."""
     run_train = train_program.run
 
     def train(state, step):
       out = run_train(state, step)
-      self.train_output(out.new_train_step, out.loss, out.weighted_scalars, out.eval_train_metrics)
+      new_step = getattr(out, 'new_train_step', None)
+      if new_step is not None:
+        self.train_output(new_step, getattr(out, 'loss', None), getattr(out, 'weighted_scalars', None),
+                          getattr(out, 'eval_train_metrics', None))
       return out
 
     train_program.run = train
@@ -51,14 +55,15 @@ class StepMetrics:
 
     def evaluate(state, step):
       out = run_eval(state, step)
-      self.eval_output(program.eval_input.name, step, out.eval_metrics, out.eval_scoring_metrics)
+      self.eval_output(program.eval_input.name, step, getattr(out, 'eval_metrics', None),
+                       getattr(out, 'eval_scoring_metrics', None))
       return out
 
     program.run = evaluate
 
   def train_output(self, step: int, loss: Any, weighted_scalars: Any, eval_train: Any = None) -> None:
     """A train step that produced the state of `step`: its loss and weighted scalars, by reference."""
-    values = {'train/loss': loss, **_prefixed('train', weighted_scalars)}
+    values = {**({'train/loss': loss} if loss is not None else {}), **_prefixed('train', weighted_scalars)}
     values.update(_prefixed('eval_train/metrics', eval_train))
     with self._lock:
       self._step, self._values = step, values
