@@ -13,10 +13,12 @@ from praxis import py_utils
 
 from pax_autockpt import agreement
 from pax_autockpt import background_save
+from pax_autockpt import costs as costs_lib
 from pax_autockpt import events as events_lib
 from pax_autockpt import integrity
 from pax_autockpt import internals
 from pax_autockpt import layout
+from pax_autockpt import metrics as metrics_lib
 from pax_autockpt import notices
 from pax_autockpt import outcomes
 from pax_autockpt import policies
@@ -37,11 +39,13 @@ class AutockptCheckpointer:
   agreed step even off the save interval, waits until the save is committed and raises
   `outcomes.Preempted` (or `SaveFailed`) for the executor to exit. Otherwise the save-decision policy
   (Pax's own interval by default) decides, and after each commit the primary host applies the
-  preservation policy.
+  preservation policy. Each committed checkpoint's metrics (`metrics`, fed by the executor) go into its
+  `save_committed` event, where a restarted job finds them again.
   """
 
   def __init__(self, inner: Any, *, settings: settings_lib.Settings, events: events_lib.EventLog,
-               exit_after_ondemand_checkpoint: bool, enable_summaries: bool = True):
+               exit_after_ondemand_checkpoint: bool, enable_summaries: bool = True,
+               metrics: metrics_lib.StepMetrics | None = None):
     self._inner = inner
     self._saving = internals.saving_enabled(inner)  # --enable_checkpoint_saving=false: Pax's saves are no-ops
     self._summaries = summaries_lib.SaveSummaries(events.job_log_dir,
@@ -53,7 +57,10 @@ class AutockptCheckpointer:
     self._preemption = preemption.PreemptionWatcher()
     internals.route_reached_preemption(self._orbax_manager, self._preemption.is_agreed)
     self._save_policy = settings_lib.save_policy(settings)
-    self._save_reason = 'continuous' if settings.continuous else 'interval'
+    self._adaptive = policies.find(self._save_policy, policies.YoungDalyPolicy)
+    continuous = policies.find(self._save_policy, (policies.ContinuousCheckpointingPolicy, policies.YoungDalyPolicy))
+    self._save_reason = 'continuous' if settings_lib.continuous(settings) or continuous else 'interval'
+    self._step_metrics = metrics
     self._preservation = settings_lib.preservation_policy(settings)
     if self._preservation is not None:
       internals.turn_off_max_to_keep(self._orbax_manager)
@@ -63,9 +70,15 @@ class AutockptCheckpointer:
     notices.watch(settings.notices, self._notices.announce)
     self._background = background_save.BackgroundSaves(self._orbax_manager)
     self._lock = threading.Lock()
-    self._times = {e['step']: e['t'] for e in events_lib.read(events.job_log_dir, events.host)
-                   if e['event'] == 'save_started' and isinstance(e.get('step'), int)}
+    past = events_lib.read(events.job_log_dir, events.host)
+    self._times = {e['step']: e['t'] for e in past if e['event'] == 'save_started' and isinstance(e.get('step'), int)}
+    self._metrics = metrics_lib.of_committed(past)
+    self._costs = costs_lib.SaveCosts.of_committed(past)
+    self._logged_interval: float | None = None
+    if events.host == 0:
+      self._log_interval_change()  # what this job's earlier saves measured
     self._history = [self._info(s) for s in layout.committed_steps(self.checkpoint_dir)]
+    self._metrics = {c.step: c.metrics for c in self._history if c.metrics}  # only what preservation may see
     # Object storage: steps whose name a damaged checkpoint still holds (marked in place).
     self._unrestorable = set(layout.marked_unrestorable_steps(self.checkpoint_dir))
     self.last_step: int | None = inner.step_to_restore
@@ -159,14 +172,15 @@ class AutockptCheckpointer:
     return self._pax_manager.latest_step()
 
   def _info(self, step: int) -> policies.CheckpointInfo:
-    """A checkpoint's save time from the event log, else its directory's modification time."""
+    """A checkpoint's save time from the event log (else its directory's modification time) and the
+    metrics recorded at its commit."""
     when = self._times.get(step)
     if when is None:
       try:
         when = self._step_dir(step).stat().mtime
       except OSError:
         when = 0.0
-    return policies.CheckpointInfo(step, when)
+    return policies.CheckpointInfo.at(step, when, self._metrics.get(step))
 
   def _wants_save(self, step: int) -> bool:
     if self._save_policy is None:
@@ -174,14 +188,22 @@ class AutockptCheckpointer:
     latest = self._latest_step()
     if latest is not None and step <= latest:
       return False
-    context = policies.DecisionContext(now=time.time(), is_saving_in_progress=self._background.in_flight)
 
-    def decide():
+    def decide():  # on the primary host only (agreement.PrimaryDecides)
+      context = policies.DecisionContext(
+          is_saving_in_progress=self._background.in_flight, reached_preemption=self.reached_preemption(step),
+          save_cost_secs=self._costs.blocking_s, save_duration_secs=self._costs.duration_s)
       with self._lock:
         previous = list(self._history)
-      return bool(self._save_policy.should_save(step, previous, context=context))
+      return policies.ask_save(self._save_policy, step, now=time.time(), previous=previous, context=context)
 
     return self._agree(decide)
+
+  def _adaptive_interval(self) -> float | None:
+    """The Young/Daly minimum interval for the costs measured so far (None: not adaptive, not yet)."""
+    if self._adaptive is None:
+      return None
+    return self._adaptive.interval_secs(self._costs.blocking_s, self._costs.duration_s)
 
   # --- saving ----------------------------------------------------------------------------------
 
@@ -200,7 +222,8 @@ class AutockptCheckpointer:
     self._free_name(step)
     with self._lock:
       self._times[step] = start
-      self._history.append(policies.CheckpointInfo(step, start))
+      self._history.append(policies.CheckpointInfo.at(step, start))
+    metrics = self._step_metrics.capture(step) if self._step_metrics is not None else None  # by reference
     try:
       self._inner.save_final(step, **state)  # Pax builds its items; orbax's save() takes the snapshot
     except Exception as e:  # pylint: disable=broad-except
@@ -210,20 +233,25 @@ class AutockptCheckpointer:
     blocking = time.time() - start
     self._background.launch(
         started=lambda s: self._started(s, reason, start, blocking, start - before),
-        done=lambda s, error: self._done(s, start, error))
+        done=lambda s, error: self._done(s, start, error, dict(reason=reason, blocking=blocking, metrics=metrics)))
 
   def _started(self, step: int, reason: str, start: float, blocking: float, waited: float) -> None:
-    """In the background thread, first: the event and scalar that say a save began."""
+    """In the background thread, first: the event and scalar that say a save began (with the adaptive
+    interval that let a continuous save start, for `report`)."""
+    adaptive = {}
+    interval = self._adaptive_interval() if reason == 'continuous' else None
+    if interval is not None:
+      adaptive = dict(interval_s=round(interval, 6), mtbf_hours=self._adaptive.mtbf_hours)
     self._events.write('save_started', t=start, step=step, reason=reason, blocking_s=round(blocking, 6),
-                       wait_s=round(waited, 6))
+                       wait_s=round(waited, 6), **adaptive)
     self._summaries.started(step, start, blocking)
     logging.info('[autockpt] %s save of step %d started (loop blocked %.3f s).', reason, step, blocking)
 
-  def _done(self, step: int, start: float, error: BaseException | None) -> None:
-    """In the background thread, last: committed (event, scalar, preservation), or failed (one
+  def _done(self, step: int, start: float, error: BaseException | None, save: dict[str, Any]) -> None:
+    """In the background thread, last: committed (event, scalar, costs, preservation), or failed (one
     line, leftovers removed; training goes on and the next save retries)."""
     if error is None and layout.is_committed(self._step_dir(step)):
-      self._committed(step, start)
+      self._committed(step, start, **save)
       return
     logging.error('[autockpt] save of step %d failed to commit (%s); the newest committed checkpoint is %s.',
                   step, one_line(error) if error else 'not committed', self.newest_committed())
@@ -241,12 +269,38 @@ class AutockptCheckpointer:
     py_utils.sync_global_devices(f'autockpt:free-name:{step}')
     self._unrestorable.discard(step)
 
-  def _committed(self, step: int, start: float) -> None:
+  def _committed(self, step: int, start: float, reason: str, blocking: float, metrics: Any) -> None:
     duration = time.time() - start
-    self._events.write('save_committed', step=step, duration_s=round(duration, 6))
+    values = self._read_metrics(step, metrics)
+    self._events.write('save_committed', step=step, duration_s=round(duration, 6),
+                       **({'metrics': values} if values else {}))
     self._summaries.committed(step, duration)
-    if self._preservation is not None and self._events.host == 0:
-      self._preserve()
+    self._costs.add(reason, blocking, duration)
+    if self._events.host == 0:
+      self._log_interval_change()
+      if self._preservation is not None:
+        self._preserve()
+
+  def _read_metrics(self, step: int, captured: Any) -> dict[str, float] | None:
+    """The saved step's metrics as floats; a failure to read them only costs BestN its ranking."""
+    try:
+      values = metrics_lib.floats(captured)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning('[autockpt] could not read the metrics of step %d: %s', step, one_line(e))
+      return None
+    if values and self._preservation is not None:
+      self._metrics[step] = values
+    return values
+
+  def _log_interval_change(self) -> None:
+    """One line when the adaptive interval is first known or moves by more than 10%."""
+    interval, before = self._adaptive_interval(), self._logged_interval
+    if interval is None or (before is not None and abs(interval - before) <= 0.1 * before):
+      return
+    self._logged_interval = interval
+    logging.info('[autockpt] adaptive save interval %.3f s (Young/Daly for a save cost of %.4f s and an MTBF of '
+                 '%g h%s).', interval, self._costs.blocking_s, self._adaptive.mtbf_hours,
+                 '' if before is None else f'; was {before:.3f} s')
 
   def _remove_leftovers(self, step: int) -> None:
     """Never committed, so nothing is lost; left, they would only take the space (and on object
@@ -272,6 +326,8 @@ class AutockptCheckpointer:
       layout.uncommit_and_delete(self._step_dir(step))
       with self._lock:
         self._history = [c for c in self._history if c.step != step]
+        self._times.pop(step, None)
+      self._metrics.pop(step, None)
       self._events.write('deleted', step=step, policy=repr(self._preservation))
     if doomed:
       logging.info('[autockpt] preservation deleted steps %s', doomed)

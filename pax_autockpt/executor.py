@@ -11,6 +11,8 @@ from paxml import executors
 
 from pax_autockpt import checkpointer as checkpointer_lib
 from pax_autockpt import events as events_lib
+from pax_autockpt import internals
+from pax_autockpt import metrics as metrics_lib
 from pax_autockpt import outcomes
 from pax_autockpt import settings as settings_lib
 
@@ -26,15 +28,17 @@ class AutockptExecutor(executors.DefaultExecutor):
   def setup(self, jax_task, job_log_dir, checkpointer, *args, exit_after_ondemand_checkpoint=False,
             **kwargs):
     self._events = events_lib.EventLog(job_log_dir, jax.process_index())
+    step_metrics = metrics_lib.StepMetrics()
     # Wrapped before the restore, so that a SIGTERM during the restore is already watched for.
     wrapped = checkpointer_lib.AutockptCheckpointer(
         checkpointer, settings=self._settings, events=self._events,
         exit_after_ondemand_checkpoint=exit_after_ondemand_checkpoint,
-        enable_summaries=kwargs.get('enable_summary_writer', True))
+        enable_summaries=kwargs.get('enable_summary_writer', True), metrics=step_metrics)
     logging.info('[autockpt] host %d/%d, restoring step %s, settings %s', jax.process_index(),
                  jax.process_count(), checkpointer.step_to_restore, self._settings)
     super().setup(jax_task, job_log_dir, wrapped, *args,
                   exit_after_ondemand_checkpoint=exit_after_ondemand_checkpoint, **kwargs)
+    step_metrics.tap(*internals.programs(self))  # each saved step's metrics, for BestN
     # After the restore: a damaged newest checkpoint may have been passed over.
     self._events.write('start', num_hosts=jax.process_count(), pid=os.getpid(),
                        restored_step=wrapped.step_to_restore)

@@ -51,6 +51,12 @@ def orbax_manager(pax_checkpointer: Any) -> Any:
   return pax_checkpointer.checkpoint_manager._manager  # pylint: disable=protected-access
 
 
+def programs(executor: Any) -> tuple[Any, Any]:
+  """paxml's DefaultExecutor keeps the train and eval programs it was set up with; their outputs are
+  the metrics of each step (pax_autockpt.metrics)."""
+  return executor._train_program, executor._eval_programs  # pylint: disable=protected-access
+
+
 def saving_enabled(pax_checkpointer: Any) -> bool:
   """False under --enable_checkpoint_saving=false, where Pax's saves are no-ops."""
   return getattr(pax_checkpointer, '_enable_checkpoint_saving', True)

@@ -57,18 +57,34 @@ def _choice(*allowed: str) -> Rule:
   def rule(v):
     return None if v in allowed else 'use one of ' + ', '.join(repr(a) for a in allowed)
   return rule
+def _optional_hours(v):
+  return None if v is None or (_number(v) and v > 0) else 'use a number of hours > 0, or None'
+
+
+def _metric_name(v):
+  return None if isinstance(v, str) and v.strip() else 'use the name of a metric Pax logs, e.g. train/loss'
+
+
+def _best_mode(v):
+  return None if v in ('min', 'max') else "use 'min' (keep the lowest, e.g. a loss) or 'max'"
 
 
 def _save_policy(v):
-  if v is not None and not isinstance(v, policies.SaveDecisionPolicy):
-    return ('use an object with should_save(step, previous, *, context), e.g. '
-            'pax_autockpt.policies.ContinuousCheckpointingPolicy(30)')
+  if v is None:
+    return None
+  if not isinstance(v, policies.SaveDecisionPolicy):
+    return ('use an object with should_save(step, previous_steps, *, context), e.g. '
+            'pax_autockpt.policies.ContinuousCheckpointingPolicy(minimum_interval_secs=30)')
+  return policies.problem_with(v, policies.SaveDecisionPolicy)
 
 
 def _preservation_policy(v):
-  if v is not None and not isinstance(v, policies.PreservationPolicy):
+  if v is None:
+    return None
+  if not isinstance(v, policies.PreservationPolicy):
     return ('use an object with should_preserve(checkpoints, *, context), e.g. '
             'pax_autockpt.policies.LatestN(10)')
+  return policies.problem_with(v, policies.PreservationPolicy)
 
 
 def option(default: Any, doc: str, *, rule: Rule, flag: bool = True, replaced_by: tuple[str, ...] = ()) -> Any:
@@ -88,6 +104,9 @@ class Settings:
                             rule=_bool)
   min_interval_secs: float = option(0.0, 'continuous: no two save starts closer than this',
                                     rule=_seconds_at_least_0)
+  mtbf_hours: float | None = option(None, 'continuous, the minimum interval set itself: the Young/Daly optimum '
+                                    'for the measured save cost and this mean time between failures',
+                                    rule=_optional_hours)
   keep_latest: int | None = option(None, 'preservation: keep the newest N', rule=_optional_count)
   keep_every_secs: float | None = option(None, 'preservation: one checkpoint per N seconds',
                                          rule=_optional_seconds)
@@ -96,11 +115,18 @@ class Settings:
   notice_action: str = option('save', "on a notice every host saves one agreed step, then 'save' trains on, "
                               "'save_and_exit' exits 143 once it is committed",
                               rule=_choice('save', 'save_and_exit'))
+  keep_every_steps: int | None = option(None, 'preservation: the checkpoints at multiples of N steps',
+                                        rule=_optional_count)
+  keep_best: int | None = option(None, 'preservation: the best N by `best_metric`', rule=_optional_count)
+  best_metric: str = option('train/loss', 'keep_best: the metric to rank by (README, "Metrics for BestN")',
+                            rule=_metric_name)
+  best_mode: str = option('min', "keep_best: 'min' keeps the lowest values, 'max' the highest", rule=_best_mode)
   save_policy: Any = option(None, 'any save-decision policy object, or a `pax_fiddle.Config` of one',
-                            rule=_save_policy, flag=False, replaced_by=('continuous', 'min_interval_secs'))
+                            rule=_save_policy, flag=False,
+                            replaced_by=('continuous', 'min_interval_secs', 'mtbf_hours'))
   preservation_policy: Any = option(None, 'any preservation policy object, or a `pax_fiddle.Config` of one',
                                     rule=_preservation_policy, flag=False,
-                                    replaced_by=('keep_latest', 'keep_every_secs'))
+                                    replaced_by=('keep_latest', 'keep_every_secs', 'keep_every_steps', 'keep_best'))
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
@@ -153,9 +179,10 @@ def _given_flag(field: str) -> tuple[bool, Any]:
 def resolve(experiment: Any) -> Settings:
   """Class attributes first, then any `--autockpt_*` flag given on the command line wins.
 
-  A flag also wins over a policy object: --autockpt_continuous / --autockpt_min_interval_secs replace
-  AUTOCKPT_SAVE_POLICY, --autockpt_keep_latest / --autockpt_keep_every_secs replace
-  AUTOCKPT_PRESERVATION_POLICY. Set as attributes together, they conflict (exit 2).
+  A flag also wins over a policy object: the flags of the simple settings a policy field names in
+  `replaced_by` (e.g. --autockpt_continuous, --autockpt_mtbf_hours for AUTOCKPT_SAVE_POLICY;
+  --autockpt_keep_latest, --autockpt_keep_best for AUTOCKPT_PRESERVATION_POLICY) replace it. Set as
+  attributes together, they conflict (exit 2). Policy objects have their parameters checked here too.
   """
   import fiddle as fdl  # pylint: disable=g-import-not-at-top  (not needed by the pre-import checks)
   values, origin = {}, {}
@@ -196,10 +223,17 @@ def _apply_flag_precedence(values: dict[str, Any], origin: dict[str, str]) -> No
 def validate(s: Settings, origin: dict[str, str]) -> None:
   """Raises ConfigError for the first invalid value or combination, naming where it came from."""
   validate_values(s, origin)
+  if s.mtbf_hours and s.min_interval_secs:
+    raise ConfigError(f'{origin["min_interval_secs"]} and {origin["mtbf_hours"]} are both set: keep one (the '
+                      'MTBF sets the minimum interval itself)')
   if s.min_interval_secs and not s.continuous and s.save_policy is None:
     raise ConfigError(f'{origin["min_interval_secs"]}={s.min_interval_secs!r} is invalid: it only applies '
                       'to continuous checkpointing: also set AUTOCKPT_CONTINUOUS = True (or '
                       '--autockpt_continuous)')
+  for name in ('best_metric', 'best_mode'):
+    if getattr(s, name) != FIELDS[name].default and not s.keep_best:
+      raise ConfigError(f'{origin[name]}={getattr(s, name)!r} is invalid: it only applies to keep_best: also '
+                        'set AUTOCKPT_KEEP_BEST (or --autockpt_keep_best)')
 
 
 def validate_values(s: Settings, origin: dict[str, str]) -> None:
@@ -208,24 +242,42 @@ def validate_values(s: Settings, origin: dict[str, str]) -> None:
     value = getattr(s, name)
     fix = f.metadata['rule'](value)
     if fix:
-      raise ConfigError(f'{origin.get(name, name)}={value!r} is invalid: {fix}')
+      raise ConfigError(f'{origin.get(name, name)}={_shown(value)} is invalid: {fix}')
+
+
+def _shown(value: Any, limit: int = 240) -> str:
+  """A value's repr on one line (a user's policy class may print over several), cut to `limit`."""
+  text = ' '.join(repr(value).split())
+  return text if len(text) <= limit else text[:limit - 3] + '...'
 
 
 def save_policy(s: Settings) -> policies.SaveDecisionPolicy | None:
   """The save-decision policy in effect; None means Pax's own save interval."""
+  if s.mtbf_hours:
+    return policies.YoungDalyPolicy(mtbf_hours=s.mtbf_hours)
   if s.continuous:
-    return policies.AnySavePolicy((policies.InitialSavePolicy(),
-                                   policies.ContinuousCheckpointingPolicy(s.min_interval_secs or None)))
+    return policies.AnySavePolicy((policies.InitialSavePolicy(), policies.ContinuousCheckpointingPolicy(
+        minimum_interval_secs=s.min_interval_secs or None)))
   return s.save_policy
 
 
+def continuous(s: Settings) -> bool:
+  """Whether saves start as soon as allowed (reason 'continuous'), not at Pax's interval."""
+  return bool(s.continuous or s.mtbf_hours)
+
+
 def preservation_policy(s: Settings) -> policies.PreservationPolicy | None:
-  """The preservation policy in effect; None means Pax's own max_to_keep."""
+  """The preservation policy in effect; None means Pax's own max_to_keep. Simple settings combine:
+  a checkpoint any of them keeps is kept."""
   parts = []
   if s.keep_latest:
     parts.append(policies.LatestN(s.keep_latest))
   if s.keep_every_secs:
     parts.append(policies.EveryNSeconds(s.keep_every_secs))
+  if s.keep_every_steps:
+    parts.append(policies.EveryNSteps(s.keep_every_steps))
+  if s.keep_best:
+    parts.append(policies.BestN(metric=s.best_metric, reverse=s.best_mode == 'min', n=s.keep_best))
   if len(parts) > 1:
     return policies.AnyPreservationPolicy(tuple(parts))
   return parts[0] if parts else s.preservation_policy

@@ -15,3 +15,8 @@ class ConflictingPolicies(lm_cloud_autockpt.LmCloudSpmdTinyAutockpt):
 @experiment_registry.register
 class NotAPolicy(lm_cloud_autockpt.LmCloudSpmdTinyAutockpt):
   AUTOCKPT_SAVE_POLICY = 'every 100 steps'
+
+
+@experiment_registry.register
+class InvalidPolicyParameter(lm_cloud_autockpt.LmCloudSpmdTinyAutockpt):
+  AUTOCKPT_PRESERVATION_POLICY = policies.AnyPreservationPolicy([policies.LatestN(3), policies.EveryNSteps(0)])

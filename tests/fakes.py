@@ -203,13 +203,14 @@ def preempt() -> None:
   signals._record(signal.SIGTERM, None)  # pylint: disable=protected-access
 
 
-def wrap(job_log_dir, settings: settings_lib.Settings | None = None, **fake_kwargs
+def wrap(job_log_dir, settings: settings_lib.Settings | None = None, metrics=None, **fake_kwargs
          ) -> tuple[checkpointer_lib.AutockptCheckpointer, FakePaxCheckpointer]:
-  """An AutockptCheckpointer (host 0, exit after an on-demand save) around a new fake."""
+  """An AutockptCheckpointer (host 0, exit after an on-demand save) around a new fake; `metrics` a
+  pax_autockpt.metrics.StepMetrics the test feeds as Pax's programs would."""
   fake = FakePaxCheckpointer(job_log_dir, **fake_kwargs)
   wrapped = checkpointer_lib.AutockptCheckpointer(
       fake, settings=settings or settings_lib.Settings(), events=events_lib.EventLog(job_log_dir, 0),
-      exit_after_ondemand_checkpoint=True, enable_summaries=False)
+      exit_after_ondemand_checkpoint=True, enable_summaries=False, metrics=metrics)
   return wrapped, fake
 
 

@@ -1,16 +1,23 @@
 """AutockptCheckpointer around a fake Pax checkpointer (tests/fakes.py): no training process."""
 
+import datetime
 import errno
 import logging
 import threading
+import time
+from unittest import mock
 
+from jax import numpy as jnp
 import pytest
 
+from pax_autockpt import events as events_lib
 from pax_autockpt import layout
+from pax_autockpt import metrics as metrics_lib
 from pax_autockpt import outcomes
 from pax_autockpt import policies
 from pax_autockpt import settings as settings_lib
 from tests import fakes
+from tests import test_policies
 from tests.fakes import STATE
 
 pytestmark = pytest.mark.usefixtures('clean_signals')
@@ -232,7 +239,7 @@ def test_policy_infos_are_oldest_first(job):
     ckpt.save_if_needed(step, STATE)
   ckpt.wait_until_finished()
   starts = {e['step']: e['t'] for e in fakes.events(job, 'save_started')}
-  assert seen[-1] == [policies.CheckpointInfo(10, starts[10]), policies.CheckpointInfo(20, starts[20])]
+  assert seen[-1] == [policies.CheckpointInfo.at(10, starts[10]), policies.CheckpointInfo.at(20, starts[20])]
 
 
 def test_a_notice_saves_the_next_step_and_training_goes_on(job):
@@ -264,3 +271,113 @@ def test_notice_action_save_and_exit_exits_once_the_notice_save_commits(job):
     ckpt.save_if_needed(2, STATE)
   assert stop.value.step == 2 and committed(job) == [0, 2]
   assert kinds(job)[-3:] == ['notice', 'save_started', 'save_committed']
+
+
+def train_with_losses(ckpt, step_metrics, losses):
+  """Pax's loop as the checkpointer sees it: each step's train output (the loss as a device array, a
+  weighted scalar) recorded for that step, then save_if_needed."""
+  for step, loss in losses.items():
+    step_metrics.train_output(step, jnp.float32(loss), {'log_pplx': (jnp.float32(loss / 2), jnp.float32(1.0))})
+    ckpt.save_if_needed(step, STATE)
+  ckpt.wait_until_finished()
+
+
+def test_best_n_keeps_the_lowest_loss_and_a_restart_still_knows_the_metrics(job):
+  """keep_best=2 by train/loss: the metrics of each saved step go into its save_committed event; after a
+  restart (a new checkpointer, no metrics in memory) BestN still ranks the old checkpoints by them."""
+  settings = settings_lib.Settings(keep_best=2)
+  step_metrics = metrics_lib.StepMetrics()
+  ckpt, _ = fakes.wrap(job, settings, metrics=step_metrics, interval=10)
+  train_with_losses(ckpt, step_metrics, {10: 3.0, 20: 1.0, 30: 2.0, 40: 0.5, 50: 4.0})
+  assert committed(job) == [20, 40, 50]  # the best two, and the newest (never deleted)
+  recorded = {e['step']: e['metrics'] for e in fakes.events(job, 'save_committed')}
+  assert recorded[20] == {'train/loss': 1.0, 'train/log_pplx': 0.5}
+  assert [e['step'] for e in fakes.events(job, 'deleted')] == [10, 30]
+  assert 'BestN' in fakes.events(job, 'deleted')[0]['policy']
+
+  restarted, _ = fakes.wrap(job, settings, metrics=metrics_lib.StepMetrics(), interval=10)
+  restarted.save_if_needed(50, STATE)  # the restored step: not saved again
+  restarted.save_if_needed(60, STATE)  # no train output recorded for it: a checkpoint without metrics
+  restarted.wait_until_finished()
+  assert committed(job) == [20, 40, 60]  # 50's loss (4.0) known from the log; 60 kept: no metrics
+  assert 'metrics' not in fakes.events(job, 'save_committed')[-1]
+  step_metrics = metrics_lib.StepMetrics()
+  again, _ = fakes.wrap(job, settings, metrics=step_metrics, interval=10)
+  train_with_losses(again, step_metrics, {70: 0.7})
+  assert committed(job) == [40, 60, 70]  # 20's loss (1.0) ranked from the log
+
+
+def test_orbax_written_policies_run_unchanged_through_the_checkpointer(job):
+  """The orbax-shaped policies of tests/test_policies.py, as AUTOCKPT_*_POLICY objects."""
+  settings = settings_lib.Settings(
+      save_policy=test_policies.SaveEveryDurationUnlessPreempted(minimum_interval=datetime.timedelta(0)),
+      preservation_policy=test_policies.CustomizedPreservationPolicy())
+  assert settings_lib.validate(settings, {}) is None
+  step_metrics = metrics_lib.StepMetrics()
+  ckpt, fake = fakes.wrap(job, settings, metrics=step_metrics, interval=1000)
+  for step, loss in {100: 2.0, 150: 1.0, 170: 3.0, 200: 5.0, 230: 4.0}.items():
+    step_metrics.train_output(step, jnp.float32(loss), {})
+    ckpt.save_if_needed(step, STATE)
+    ckpt.wait_until_finished()  # not in progress at the next step: it saves each time
+  assert fake.orbax.attempts == [100, 150, 170, 200, 230]
+  # Kept: multiples of 200, a loss below 1.5, the newest; orbax's CheckpointInfo.metrics is a dict.
+  assert committed(job) == [150, 200, 230]
+
+
+def test_preemption_policy_is_accepted_and_the_agreed_step_is_saved(job):
+  """PreemptionCheckpointingPolicy in an orbax-style AnySavePolicy: the preemption saves the agreed step
+  off the interval (here that happens whatever the policy says), and the other member still decides."""
+  policy = policies.AnySavePolicy([policies.FixedIntervalPolicy(10), policies.PreemptionCheckpointingPolicy()])
+  ckpt, fake = fakes.wrap(job, settings_lib.Settings(save_policy=policy), interval=1000)
+  for step in range(10, 13):
+    ckpt.save_if_needed(step, STATE)
+  fakes.preempt()
+  with pytest.raises(outcomes.Preempted):
+    ckpt.save_if_needed(13, STATE)
+  assert fake.orbax.attempts == [10, 13]
+  assert [e['reason'] for e in fakes.events(job, 'save_started')] == ['interval', 'preemption']
+
+
+def earlier_run(job, saves, now):
+  """A previous run's committed checkpoints and their events: (step, seconds before now, blocking_s,
+  duration_s)."""
+  log = events_lib.EventLog(job, 0)
+  for step, ago, blocking, duration in saves:
+    fakes.write_checkpoint(layout.step_dir(layout.checkpoint_dir(job), step))
+    log.write('save_started', t=now - ago, step=step, reason='continuous', blocking_s=blocking, wait_s=0.0)
+    log.write('save_committed', t=now - ago + duration, step=step, duration_s=duration)
+
+
+def test_adaptive_interval_is_young_daly_for_the_cost_measured_so_far(job, caplog):
+  """mtbf_hours=1 after saves that blocked 0.5 s: the interval is sqrt(2 * 0.5 * 3600) = 60 s. The
+  decision context carries the measured costs; save_started records the interval; one log line."""
+  caplog.set_level(logging.INFO)
+  now = time.time()
+  earlier_run(job, [(10, 200.0, 0.4, 1.0), (20, 45.0, 0.6, 2.0)], now)
+  ckpt, fake = fakes.wrap(job, settings_lib.Settings(mtbf_hours=1.0), interval=1000)
+  assert ckpt._adaptive_interval() == pytest.approx(60.0)  # pylint: disable=protected-access
+  ckpt.save_if_needed(21, STATE)  # 45 s after the last save started: too early
+  assert fake.orbax.attempts == []
+  with mock.patch.object(time, 'time', return_value=now + 15.1):
+    ckpt.save_if_needed(22, STATE)  # 60.1 s after it
+  ckpt.wait_until_finished()
+  assert fake.orbax.attempts == [22]
+  started = fakes.events(job, 'save_started')[-1]
+  assert (started['reason'], started['interval_s'], started['mtbf_hours']) == ('continuous', 60.0, 1.0)
+  lines = [r.getMessage() for r in caplog.records if 'adaptive save interval' in r.getMessage()]
+  # At start, from the earlier run; then the fast save (~1 ms) brought the mean cost from 0.5 to ~0.33 s.
+  assert len(lines) == 2 and 'MTBF of 1 h' in lines[0] and 'was 60.000 s' in lines[1], lines
+  assert ckpt._adaptive_interval() == pytest.approx(49.0, rel=0.01)  # pylint: disable=protected-access
+
+
+def test_adaptive_interval_change_over_10_percent_is_logged_again(job, caplog):
+  caplog.set_level(logging.INFO)
+  earlier_run(job, [(10, 100.0, 0.5, 1.0)], time.time())
+  ckpt, _ = fakes.wrap(job, settings_lib.Settings(mtbf_hours=1.0), interval=1000)
+  for step in (11, 12, 13):  # each fake save blocks ~1 ms: the mean cost drops to 1/2, 1/3, 1/4
+    with mock.patch.object(time, 'time', return_value=time.time() + 1000.0 * step):
+      ckpt.save_if_needed(step, STATE)
+    ckpt.wait_until_finished()
+  lines = [r.getMessage() for r in caplog.records if 'adaptive save interval' in r.getMessage()]
+  # 60 s at start, then ~42, ~35, ~30 s: each more than 10% from the last one logged.
+  assert len(lines) == 4 and 'was 60.000 s' in lines[1], lines

@@ -392,3 +392,24 @@ def test_notices_lead_time_and_steps_after_in_text_json_and_plot(tmp_path):
   assert json.loads(json.dumps(r.to_dict()))['notices'][0]['lead_s'] == 42.0
   report.plot(r, str(tmp_path / 'p.png'))
   assert (tmp_path / 'p.png').read_bytes()[:8] == PNG_MAGIC
+def test_adaptive_interval_against_the_young_daly_optimum_afterwards(tmp_path):
+  """Continuous saves under --autockpt_mtbf_hours record the interval in force; the report compares the
+  last one with sqrt(2 delta M) for the save cost measured over the whole job."""
+  job = Job(tmp_path)
+  job.start(0, 0.0)
+  job.save(0, 1.0, 10, reason='continuous', blocking=0.5)
+  for i, interval in enumerate((50.0, 58.0, 60.0)):
+    t = 60.0 * (i + 1)
+    job.ev(0, t, 'save_started', step=10 * (i + 2), reason='continuous', blocking_s=0.5, interval_s=interval,
+           mtbf_hours=1.0)
+    job.ev(0, t + 1.0, 'save_committed', step=10 * (i + 2), duration_s=1.0)
+  r = report.load(job.write())
+  assert (r.adaptive_interval_s, r.adaptive_mtbf_hours) == (60.0, 1.0)
+  a = report.young_daly.adaptive(r)
+  assert a['tau_opt_s'] == pytest.approx(60.0) and a['ratio'] == pytest.approx(1.0)
+  assert ('adaptive interval @ MTBF 1 h: converged to 1.0 min; Young/Daly optimum afterwards 1.0 min for '
+          'the mean save cost 0.5 s (converged/optimum 1.00); measured P50 1.0 min') in report.format_text(r)
+  out = io.StringIO()
+  assert report.run(str(tmp_path), as_json=True, out=out) == 0
+  assert json.loads(out.getvalue())['adaptive']['ratio'] == pytest.approx(1.0)
+  assert report.young_daly.adaptive(report.load(single_run(tmp_path / 'other'))) is None

@@ -1,10 +1,13 @@
 """Settings: class attributes, flag precedence, and one-line errors naming the attribute or flag."""
 
+import datetime
 import os
 
 from absl import flags
+import fiddle as fdl
 import pytest
 
+from pax_autockpt import policies
 from pax_autockpt import settings as settings_lib
 from pax_autockpt.experiment import AutockptMixin
 
@@ -36,6 +39,12 @@ def test_subclass_attributes_are_used():
     ('AUTOCKPT_MIN_INTERVAL_SECS', -1, '>= 0'),
     ('AUTOCKPT_KEEP_LATEST', 0, 'N >= 1'),
     ('AUTOCKPT_KEEP_EVERY_SECS', 0, '> 0'),
+    ('AUTOCKPT_MTBF_HOURS', 0, 'hours > 0'),
+    ('AUTOCKPT_MTBF_HOURS', -2.5, 'hours > 0'),
+    ('AUTOCKPT_KEEP_EVERY_STEPS', 0, 'N >= 1'),
+    ('AUTOCKPT_KEEP_BEST', 0, 'N >= 1'),
+    ('AUTOCKPT_BEST_METRIC', '', 'name of a metric'),
+    ('AUTOCKPT_BEST_MODE', 'lowest', "'min'"),
 ])
 def test_invalid_attribute_is_named(attr, value, needle):
   bad = type('Bad', (Exp,), {attr: value})
@@ -81,21 +90,15 @@ def test_executor_exits_2_with_one_line_on_bad_attribute(capsys):
 
 
 def test_policy_objects_and_fiddle_configs_are_built():
-  import fiddle as fdl  # pylint: disable=g-import-not-at-top
-
-  from pax_autockpt import policies  # pylint: disable=g-import-not-at-top
-
   class Mine(Exp):
-    AUTOCKPT_SAVE_POLICY = policies.ContinuousCheckpointingPolicy(30)
+    AUTOCKPT_SAVE_POLICY = policies.ContinuousCheckpointingPolicy(minimum_interval_secs=30)
     AUTOCKPT_PRESERVATION_POLICY = fdl.Config(policies.LatestN, n=3)
   s = settings_lib.resolve(Mine())
-  assert settings_lib.save_policy(s) == policies.ContinuousCheckpointingPolicy(30)
+  assert settings_lib.save_policy(s) == policies.ContinuousCheckpointingPolicy(minimum_interval_secs=30)
   assert settings_lib.preservation_policy(s) == policies.LatestN(3)
 
 
 def test_simple_settings_become_policies():
-  from pax_autockpt import policies  # pylint: disable=g-import-not-at-top
-
   class Mine(Exp):
     AUTOCKPT_CONTINUOUS = True
     AUTOCKPT_MIN_INTERVAL_SECS = 5
@@ -103,7 +106,7 @@ def test_simple_settings_become_policies():
     AUTOCKPT_KEEP_EVERY_SECS = 60
   s = settings_lib.resolve(Mine())
   assert settings_lib.save_policy(s) == policies.AnySavePolicy(
-      (policies.InitialSavePolicy(), policies.ContinuousCheckpointingPolicy(5)))
+      (policies.InitialSavePolicy(), policies.ContinuousCheckpointingPolicy(minimum_interval_secs=5)))
   assert settings_lib.preservation_policy(s) == policies.AnyPreservationPolicy(
       (policies.LatestN(2), policies.EveryNSeconds(60)))
   assert settings_lib.save_policy(settings_lib.resolve(Exp())) is None  # Pax's own interval
@@ -121,7 +124,6 @@ def test_bad_policy_settings(attrs, needle):
 
 
 def test_policy_object_and_simple_attribute_conflict():
-  from pax_autockpt import policies  # pylint: disable=g-import-not-at-top
   bad = type('Bad', (Exp,), {'AUTOCKPT_PRESERVATION_POLICY': policies.LatestN(3),
                              'AUTOCKPT_KEEP_LATEST': 5})
   with pytest.raises(settings_lib.ConfigError,
@@ -130,7 +132,6 @@ def test_policy_object_and_simple_attribute_conflict():
 
 
 def test_flag_replaces_policy_object(autockpt_flags):
-  from pax_autockpt import policies  # pylint: disable=g-import-not-at-top
   autockpt_flags(['prog', '--autockpt_keep_latest=7'])
 
   class Mine(Exp):
@@ -156,3 +157,86 @@ def test_each_setting_is_one_declaration_driving_attribute_flag_and_readme():
 
 def test_default_exit_code_is_the_one_constant():
   assert settings_lib.Settings().exit_code == settings_lib.DEFAULT_EXIT_CODE == 143
+
+
+def test_new_simple_settings_become_orbax_latest_policies():
+  class Mine(Exp):
+    AUTOCKPT_MTBF_HOURS = 0.5
+    AUTOCKPT_KEEP_EVERY_STEPS = 1000
+    AUTOCKPT_KEEP_BEST = 3
+  s = settings_lib.resolve(Mine())
+  assert settings_lib.save_policy(s) == policies.YoungDalyPolicy(mtbf_hours=0.5)
+  assert settings_lib.continuous(s)
+  assert settings_lib.preservation_policy(s) == policies.AnyPreservationPolicy(
+      (policies.EveryNSteps(1000), policies.BestN(metric='train/loss', reverse=True, n=3)))
+
+  class Highest(Exp):
+    AUTOCKPT_KEEP_BEST = 2
+    AUTOCKPT_BEST_METRIC = 'eval_test_test/metrics/fraction_of_correct_next_step_preds'
+    AUTOCKPT_BEST_MODE = 'max'
+  assert settings_lib.preservation_policy(settings_lib.resolve(Highest())) == policies.BestN(
+      metric='eval_test_test/metrics/fraction_of_correct_next_step_preds', reverse=False, n=2)
+
+
+def test_every_orbax_latest_policy_is_settable_as_object_and_fiddle_config():
+  class Mine(Exp):
+    AUTOCKPT_SAVE_POLICY = fdl.Config(policies.AnySavePolicy, policies=[
+        fdl.Config(policies.FixedIntervalPolicy, 1000), policies.PreemptionCheckpointingPolicy()])
+    AUTOCKPT_PRESERVATION_POLICY = fdl.Config(policies.AnyPreservationPolicy, policies=[
+        fdl.Config(policies.BestN, get_metric_fn=len, n=2), policies.LatestN(None),
+        fdl.Config(policies.EveryNSteps, 100, max_to_keep=3), policies.EveryNStepsClosest(500),
+        fdl.Config(policies.LatestDuration, datetime.timedelta(hours=24))])
+  s = settings_lib.resolve(Mine())
+  assert settings_lib.save_policy(s).policies[0] == policies.FixedIntervalPolicy(1000)
+  assert settings_lib.preservation_policy(s).policies[2] == policies.EveryNSteps(100, max_to_keep=3)
+
+
+@pytest.mark.parametrize('attrs,needle', [
+    ({'AUTOCKPT_PRESERVATION_POLICY': policies.EveryNSteps(0)},
+     'Bad.AUTOCKPT_PRESERVATION_POLICY=EveryNSteps(interval_steps=0, exact_interval=True, max_to_keep=None) '
+     'is invalid: EveryNSteps.interval_steps=0: use an integer >= 1'),
+    ({'AUTOCKPT_PRESERVATION_POLICY': fdl.Config(policies.EveryNSteps, 10, max_to_keep=0)},
+     'EveryNSteps.max_to_keep=0: use an integer >= 1, or None'),
+    ({'AUTOCKPT_PRESERVATION_POLICY': policies.LatestDuration(60)}, 'datetime.timedelta > 0'),
+    ({'AUTOCKPT_PRESERVATION_POLICY': policies.BestN(n=3)}, 'give exactly one'),
+    ({'AUTOCKPT_PRESERVATION_POLICY': policies.AnyPreservationPolicy([policies.LatestN(-1)])},
+     'AnyPreservationPolicy.policies[0]: LatestN.n=-1'),
+    ({'AUTOCKPT_SAVE_POLICY': policies.FixedIntervalPolicy(0)}, 'FixedIntervalPolicy.interval=0'),
+    ({'AUTOCKPT_SAVE_POLICY': fdl.Config(policies.ContinuousCheckpointingPolicy, minimum_interval_secs=-3)},
+     'ContinuousCheckpointingPolicy.minimum_interval_secs=-3'),
+    ({'AUTOCKPT_SAVE_POLICY': policies.YoungDalyPolicy(mtbf_hours=0)}, 'mtbf_hours=0'),
+    ({'AUTOCKPT_MTBF_HOURS': 1, 'AUTOCKPT_CONTINUOUS': True, 'AUTOCKPT_MIN_INTERVAL_SECS': 5},
+     'Bad.AUTOCKPT_MIN_INTERVAL_SECS and Bad.AUTOCKPT_MTBF_HOURS are both set'),
+    ({'AUTOCKPT_BEST_METRIC': 'eval_test_x/metrics/loss'}, 'only applies to keep_best'),
+    ({'AUTOCKPT_MTBF_HOURS': 1, 'AUTOCKPT_SAVE_POLICY': policies.InitialSavePolicy()},
+     'AUTOCKPT_SAVE_POLICY and Bad.AUTOCKPT_MTBF_HOURS are both set'),
+    ({'AUTOCKPT_KEEP_BEST': 2, 'AUTOCKPT_PRESERVATION_POLICY': policies.LatestN(2)}, 'both set'),
+])
+def test_invalid_policy_parameters_are_one_line_naming_the_attribute(attrs, needle):
+  bad = type('Bad', (Exp,), attrs)
+  with pytest.raises(settings_lib.ConfigError) as e:
+    settings_lib.resolve(bad())
+  assert needle in str(e.value) and '\n' not in str(e.value)
+
+
+def test_a_multi_line_repr_is_shown_on_one_line():
+  class Odd:
+    def __repr__(self):
+      return 'Odd(\n  a=1,\n)'
+
+  bad = type('Bad', (Exp,), {'AUTOCKPT_SAVE_POLICY': Odd()})
+  with pytest.raises(settings_lib.ConfigError, match=r'^Bad.AUTOCKPT_SAVE_POLICY=Odd\( a=1, \) is invalid'):
+    settings_lib.resolve(bad())
+
+
+def test_mtbf_and_keep_best_flags_replace_policy_objects(autockpt_flags):
+  autockpt_flags(['prog', '--autockpt_mtbf_hours=2', '--autockpt_keep_best=4', '--autockpt_best_mode=max',
+                  '--autockpt_best_metric=train/fraction_of_correct_next_step_preds'])
+
+  class Mine(Exp):
+    AUTOCKPT_SAVE_POLICY = policies.FixedIntervalPolicy(100)
+    AUTOCKPT_PRESERVATION_POLICY = policies.LatestN(3)
+  s = settings_lib.resolve(Mine())
+  assert settings_lib.save_policy(s) == policies.YoungDalyPolicy(mtbf_hours=2.0)
+  assert settings_lib.preservation_policy(s) == policies.BestN(
+      metric='train/fraction_of_correct_next_step_preds', reverse=False, n=4)

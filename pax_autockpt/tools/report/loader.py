@@ -253,6 +253,17 @@ def _intervals(committed: list[model.Save]) -> tuple[model.Stats, model.Stats, f
   return model.Stats.of(isteps), model.Stats.of(isecs), values.median(rates)
 
 
+def _adaptive(evs: list[_Event]) -> tuple[float | None, float | None]:
+  """The adaptive interval and its MTBF recorded with the job's last continuous save (host 0's when
+  it logged any, else the lowest host's)."""
+  found = [e for e in evs if e.name == 'save_started' and values.number(e.rec.get('interval_s')) is not None
+           and values.number(e.rec.get('mtbf_hours')) is not None]
+  if not found:
+    return None, None
+  last = max(found, key=lambda e: (-e.host, e.t))
+  return values.number(last.rec['interval_s']), values.number(last.rec['mtbf_hours'])
+
+
 def _save_cost(started: list[model.Save]) -> float | None:
   """Goodput's delta: the mean blocking time of the saves a preemption did not force."""
   costs = [s.blocking_s for s in started if s.reason != 'preemption' and s.blocking_s is not None]
@@ -436,6 +447,7 @@ def load(job_log_dir: str | os.PathLike) -> model.Report:
   deleted = [_pick(g) for g in _merge(evs, 'deleted').values()]
   skipped = [_pick(g) for g in _merge(evs, 'restore_skipped').values()]
   ckpt_dir, complete, incomplete = _checkpoints(root)
+  adaptive_interval, adaptive_mtbf = _adaptive(evs)
   return model.Report(
       job_log_dir=os.fspath(job_log_dir), event_files=logs.files,
       t0=min(e.t for e in evs), t_end=max(e.t for e in evs), hosts=hosts,
@@ -459,4 +471,5 @@ def load(job_log_dir: str | os.PathLike) -> model.Report:
       unparsable_lines=logs.unparsable, malformed_events=_malformed(evs),
       event_counts=_counts(e.name for e in evs),
       save_cost_s=_save_cost(started), interval_p50_s=interval_s.p50,
-      restart_cost_s=restart_cost, restart_cost_note=restart_cost_note)
+      restart_cost_s=restart_cost, restart_cost_note=restart_cost_note,
+      adaptive_interval_s=adaptive_interval, adaptive_mtbf_hours=adaptive_mtbf)

@@ -149,6 +149,8 @@ class Report:
   interval_p50_s: float | None    # goodput tau
   restart_cost_s: float           # goodput R
   restart_cost_note: str
+  adaptive_interval_s: float | None = None   # the Young/Daly interval at the last continuous save
+  adaptive_mtbf_hours: float | None = None   # the MTBF it was computed for (--autockpt_mtbf_hours)
 
   def to_dict(self, mtbf_hours: float | None = None) -> dict[str, Any]:
     """JSON-native: string keys, lists, finite floats; `json.loads(json.dumps(d)) == d`."""
@@ -159,6 +161,7 @@ class Report:
       r.pop('points', None)
     if mtbf_hours is not None:
       d['goodput'] = young_daly.goodput(self, mtbf_hours)
+    d['adaptive'] = young_daly.adaptive(self)
     return _jsonable(d)
 
 

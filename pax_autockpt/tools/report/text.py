@@ -129,6 +129,17 @@ def _goodput_line(r: model.Report, mtbf_hours: float | None) -> str:
                  f'{100 * g["goodput_opt"]:.1f}%)' + (f'; {g["note"]}' if g['note'] else ''))
 
 
+def _adaptive_lines(r: model.Report) -> list[str]:
+  a = young_daly.adaptive(r)
+  if a is None:
+    return []
+  against = ('n/a' if a['tau_opt_s'] is None else
+             f'{_fmt_s(a["tau_opt_s"])} for the mean save cost {_fmt_s(a["save_cost_s"])} '
+             f'(converged/optimum {a["ratio"]:.2f})')
+  return [f'adaptive interval @ MTBF {a["mtbf_hours"]:g} h: converged to {_fmt_s(a["interval_s"])}; '
+          f'Young/Daly optimum afterwards {against}; measured P50 {_fmt_s(a["interval_p50_s"])}']
+
+
 def format_text(report: model.Report, mtbf_hours: float | None = None) -> str:
   """The report in plain lines; the goodput line needs `mtbf_hours` (ReportError when invalid)."""
   r = report
@@ -141,4 +152,5 @@ def format_text(report: model.Report, mtbf_hours: float | None = None) -> str:
       *_storage_lines(r),
       f'restart cost R: {_fmt_s(r.restart_cost_s)} ({r.restart_cost_note})',
       _goodput_line(r, mtbf_hours),
+      *_adaptive_lines(r),
   ])
