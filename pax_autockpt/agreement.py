@@ -45,3 +45,16 @@ class PrimaryDecides:
       answer = self._client.blocking_key_value_get(key, _TIMEOUT_MS) == '1'
     self._n += 1
     return answer
+
+
+def first_report(key: str, host: int, report: str | None) -> str | None:
+  """Every host passes its own finding (or None) and gets the same answer back: the finding of the
+  lowest-numbered host that had one, or None. For the main thread before training: it meets the other
+  hosts at a barrier of the coordination service."""
+  client = distributed.global_state.client
+  if client is None or jax.process_count() == 1:
+    return report
+  client.key_value_set(f'{key}/host/{host}', report or '')
+  client.wait_at_barrier(f'{key}/barrier', _TIMEOUT_MS)
+  found = sorted((int(k.rsplit('/', 1)[-1]), v) for k, v in client.key_value_dir_get(f'{key}/host/') if v)
+  return found[0][1] if found else None

@@ -15,6 +15,7 @@ import dataclasses
 import threading
 from typing import Any, Callable
 
+from etils import epath
 import jax
 import numpy as np
 from orbax.checkpoint import type_handlers
@@ -89,19 +90,29 @@ def _register_with_orbax() -> None:
 
 Started = Callable[[int], None]
 Done = Callable[[int, BaseException | None], None]
+BeforeCommit = Callable[[int, epath.Path, dict[str, Any]], None]  # step, the checkpoint's directory, items
 
 
 class BackgroundSaves:
   """Splits the orbax manager's save(): `capture` (the manager's save, in the caller's thread) takes
   the host snapshot, `launch` runs the rest of the save in a background thread."""
 
-  def __init__(self, orbax_manager: Any):
+  def __init__(self, orbax_manager: Any, before_commit: BeforeCommit | None = None):
     self._manager = orbax_manager
     self._orbax_save = orbax_manager.save
     orbax_manager.save = self.capture
     self._pending: tuple[int, dict[str, Any]] | None = None
+    self._saving: tuple[int, dict[str, Any]] | None = None  # the save the background thread is running
     self._thread: threading.Thread | None = None
+    self._before_commit = before_commit
+    if before_commit is not None:
+      internals.write_before_commit(orbax_manager, self._write_before_commit)
     internals.use_coordination_service_for_orbax_sync()
+
+  def _write_before_commit(self, directory: epath.Path) -> None:
+    if self._saving is not None:
+      step, items = self._saving
+      self._before_commit(step, directory, items)
 
   def capture(self, step: int, items: Any = None, save_kwargs: Any = None, metrics: Any = None,
               force: bool = False, args: Any = None) -> bool:
@@ -130,10 +141,13 @@ class BackgroundSaves:
     error = None
     try:
       started(step)
+      self._saving = (step, kwargs['items'])
       self._orbax_save(step, **kwargs)
       self._manager.wait_until_finished()  # the commit; raises its error and drops the step if it failed
     except BaseException as e:  # pylint: disable=broad-except
       error = e
+    finally:
+      self._saving = None
     done(step, error)
 
   def wait(self, timeout: float | None = None) -> bool:

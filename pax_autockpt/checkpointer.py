@@ -18,6 +18,7 @@ from pax_autockpt import events as events_lib
 from pax_autockpt import integrity
 from pax_autockpt import internals
 from pax_autockpt import layout
+from pax_autockpt import manifest as manifest_lib
 from pax_autockpt import metrics as metrics_lib
 from pax_autockpt import notices
 from pax_autockpt import outcomes
@@ -68,7 +69,10 @@ class AutockptCheckpointer:
     self._notice_action = settings.notice_action
     self._notices = notices.NoticeAgreement(events.host, distributed.global_state.client, jax.process_count())
     notices.watch(settings.notices, self._notices.announce)
-    self._background = background_save.BackgroundSaves(self._orbax_manager)
+    self._checksums = settings.checksums
+    self._use_ocdbt = internals.uses_ocdbt(inner)
+    self._background = background_save.BackgroundSaves(
+        self._orbax_manager, before_commit=self._write_manifest if settings.checksums else None)
     self._lock = threading.Lock()
     past = events_lib.read(events.job_log_dir, events.host)
     self._times = {e['step']: e['t'] for e in past if e['event'] == 'save_started' and isinstance(e.get('step'), int)}
@@ -116,7 +120,7 @@ class AutockptCheckpointer:
         self._skip_unrestorable(step, '; '.join(found))
         continue
       try:
-        return self._inner.get_model_states(partitioner, metadata, root_prng_key, train_input_pipeline)
+        restored = self._inner.get_model_states(partitioner, metadata, root_prng_key, train_input_pipeline)
       except Exception as e:  # pylint: disable=broad-except
         if step is None:
           raise
@@ -127,6 +131,38 @@ class AutockptCheckpointer:
           raise
         failed_whole = step
         self._skip_unrestorable(step, one_line(e))
+        continue
+      mismatch = self._verify(step, restored[0]) if step is not None and self._checksums else None
+      if mismatch is None:
+        return restored
+      self._skip_unrestorable(step, mismatch)
+
+  # --- content manifests ---------------------------------------------------------------------------
+
+  def _write_manifest(self, step: int, directory: epath.Path, items: dict[str, Any]) -> None:
+    """In the background save, before the commit: this host's digests of what it writes."""
+    del step
+    manifest_lib.write(directory, manifest_lib.build(items['state'], use_ocdbt=self._use_ocdbt,
+                                                     host=self._events.host))
+
+  def _verify(self, step: int, state: Any) -> str | None:
+    """Digests what this host restored against the manifest; every host gets the same answer (the
+    first mismatch any host found, naming the array, the shard and the host), or None."""
+    start, path = time.time(), self._step_dir(step)
+    try:
+      expected = manifest_lib.read(path)
+    except manifest_lib.ManifestError as e:
+      return agreement.first_report(f'autockpt/verify/{step}', self._events.host, f'manifest: {e}')
+    if expected is None:
+      logging.info('[autockpt] checkpoint %d has no content manifest (saved before checksums, or by stock '
+                   'paxml): restored unverified.', step)
+      return agreement.first_report(f'autockpt/verify/{step}', self._events.host, None)
+    arrays = internals.array_names(state, use_ocdbt=internals.is_ocdbt_checkpoint(path))
+    problems, checked = manifest_lib.compare(arrays, expected)
+    logging.info('[autockpt] checkpoint %d: %d shards of %d arrays checked against the manifest in %.3f s, '
+                 '%d mismatched.', step, checked, len(arrays), time.time() - start, len(problems))
+    mine = f'host {self._events.host}: {problems[0]}' if problems else None
+    return agreement.first_report(f'autockpt/verify/{step}', self._events.host, mine)
 
   def _skip_unrestorable(self, step: int, error: str) -> None:
     """Sets the checkpoint aside (never deletes it) and points Pax at the next newest one."""

@@ -34,8 +34,8 @@ class AutockptExecutor(executors.DefaultExecutor):
         checkpointer, settings=self._settings, events=self._events,
         exit_after_ondemand_checkpoint=exit_after_ondemand_checkpoint,
         enable_summaries=kwargs.get('enable_summary_writer', True), metrics=step_metrics)
-    logging.info('[autockpt] host %d/%d, restoring step %s, settings %s', jax.process_index(),
-                 jax.process_count(), checkpointer.step_to_restore, self._settings)
+    logging.info('[autockpt] host %d/%d, restoring step %s, settings: %s', jax.process_index(),
+                 jax.process_count(), checkpointer.step_to_restore, settings_lib.describe(self._settings))
     super().setup(jax_task, job_log_dir, wrapped, *args,
                   exit_after_ondemand_checkpoint=exit_after_ondemand_checkpoint, **kwargs)
     step_metrics.tap(*internals.programs(self))  # each saved step's metrics, for BestN

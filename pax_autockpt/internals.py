@@ -57,6 +57,45 @@ def programs(executor: Any) -> tuple[Any, Any]:
   return executor._train_program, executor._eval_programs  # pylint: disable=protected-access
 
 
+def uses_ocdbt(pax_checkpointer: Any) -> bool:
+  """Whether the run saves OCDBT (--tensorstore_use_ocdbt) rather than Pax's zarr layout."""
+  return bool(getattr(pax_checkpointer.checkpoint_manager, '_tensorstore_use_ocdbt', False))
+
+
+def array_names(train_state: Any, *, use_ocdbt: bool) -> list[tuple[str, Any]]:
+  """(on-disk name, leaf) for every array of a train state, named as Pax 1.4.0 names them: its own
+  flattened prefix names in the zarr layout (paxml.checkpoints._tensorstore_prepare), orbax's
+  dotted key paths with OCDBT (paxml leaves the names to orbax there)."""
+  if use_ocdbt:
+    from orbax.checkpoint import pytree_checkpoint_handler  # pylint: disable=g-import-not-at-top
+    names = jax.tree_util.tree_leaves(pytree_checkpoint_handler._get_param_names(train_state),  # pylint: disable=protected-access
+                                      is_leaf=orbax_utils.is_empty_or_leaf)
+    leaves = jax.tree_util.tree_leaves(train_state, is_leaf=orbax_utils.is_empty_or_leaf)
+  else:
+    from paxml import checkpoints as pax_checkpoints  # pylint: disable=g-import-not-at-top
+    leaves, names, _ = pax_checkpoints._tensorstore_prepare(train_state)  # pylint: disable=protected-access
+  return [(n, x) for n, x in zip(names, leaves) if hasattr(x, 'addressable_shards')]
+
+
+def is_ocdbt_checkpoint(step_path: epath.Path) -> bool:
+  from orbax.checkpoint import type_handlers  # pylint: disable=g-import-not-at-top
+  return type_handlers.is_ocdbt_checkpoint(step_path / 'state')
+
+
+def write_before_commit(orbax_manager: Any, write: Callable[[epath.Path], None]) -> None:
+  """Has orbax's checkpoint handler call `write(directory)` once its arrays' writes are under way and
+  before the commit (the rename, or gs://'s commit marker), from the thread running the save."""
+  handler = orbax_manager._checkpointer._handler  # pylint: disable=protected-access
+  original = handler.async_save
+
+  async def async_save(directory, *args, **kwargs):
+    futures = await original(directory, *args, **kwargs)
+    write(epath.Path(directory))
+    return futures
+
+  handler.async_save = async_save
+
+
 def saving_enabled(pax_checkpointer: Any) -> bool:
   """False under --enable_checkpoint_saving=false, where Pax's saves are no-ops."""
   return getattr(pax_checkpointer, '_enable_checkpoint_saving', True)

@@ -2,6 +2,7 @@
 
 JOB_LOG_DIR/
   checkpoints/checkpoint_%08d/       Pax's checkpoints (orbax writes them)
+    autockpt_manifest/host<IDX>.json   their content digests, written before the commit
   autockpt/events.host<IDX>.jsonl    the event log (CONTRACT §6); on object storage in parts:
   autockpt/events.host<IDX>.<PART>.jsonl
   autockpt/host<IDX>.log             a host's output under `pax-autockpt launch` (local disk only)
@@ -155,6 +156,15 @@ def uncommit_and_delete(path: epath.Path) -> None:
     doomed.rmtree()
   path.rename(doomed)
   doomed.rmtree()
+
+
+def manifest_dir(path: epath.Path) -> epath.Path:
+  """Inside a checkpoint: the content manifest, one file per host (pax_autockpt.manifest)."""
+  return path / 'autockpt_manifest'
+
+
+def manifest_path(path: epath.Path, host: int) -> epath.Path:
+  return manifest_dir(path) / f'host{host}.json'
 
 
 # --- the plugin's own files ----------------------------------------------------------------------

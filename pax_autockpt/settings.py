@@ -121,6 +121,8 @@ class Settings:
   best_metric: str = option('train/loss', 'keep_best: the metric to rank by (README, "Metrics for BestN")',
                             rule=_metric_name)
   best_mode: str = option('min', "keep_best: 'min' keeps the lowest values, 'max' the highest", rule=_best_mode)
+  checksums: bool = option(True, 'write a content manifest (xxh3 of every array shard) inside each checkpoint '
+                           'before its commit, and check it before training resumes from the checkpoint', rule=_bool)
   save_policy: Any = option(None, 'any save-decision policy object, or a `pax_fiddle.Config` of one',
                             rule=_save_policy, flag=False,
                             replaced_by=('continuous', 'min_interval_secs', 'mtbf_hours'))
@@ -146,6 +148,12 @@ def flag_type(field: str) -> type:
   if isinstance(kind, types.UnionType):
     kind = next(k for k in kind.__args__ if k is not type(None))
   return kind
+
+
+def describe(s: Settings) -> str:
+  """The settings that differ from their defaults, for one log line ('defaults' when none do)."""
+  changed = [f'{name}={getattr(s, name)!r}' for name, f in FIELDS.items() if getattr(s, name) != f.default]
+  return ', '.join(changed) or 'defaults'
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:

@@ -7,14 +7,17 @@ clearing `FakeOrbaxManager.gate`, makes it fail with `fail_commit`, or makes the
 with `fail_start`.
 """
 
+import asyncio
 import dataclasses
 import re
 import signal
 import threading
+import types
 from typing import Any
 
 from etils import epath
 from jax import numpy as jnp
+from paxml import train_states
 
 from pax_autockpt import checkpointer as checkpointer_lib
 from pax_autockpt import events as events_lib
@@ -59,6 +62,14 @@ class FinalizeThread(threading.Thread):
       raise error
 
 
+class FakeHandler:
+  """orbax's checkpoint handler, as far as the wrapper hooks it: async_save(directory) -> futures."""
+
+  async def async_save(self, directory, *args, **kwargs):
+    del directory, args, kwargs
+    return []
+
+
 class FakeOrbaxManager:
   """orbax's CheckpointManager: the in-memory step list, async commit, max_to_keep."""
 
@@ -66,6 +77,7 @@ class FakeOrbaxManager:
     self.directory = directory
     self.directory.mkdir(parents=True, exist_ok=True)
     self._options = Options(max_to_keep)
+    self._checkpointer = types.SimpleNamespace(_handler=FakeHandler())  # orbax's AsyncCheckpointer
     self._finalize_thread: FinalizeThread | None = None
     self._steps: list[int] = []  # saved or in flight, oldest first (orbax's `_checkpoints`)
     self.gate = threading.Event()  # the commit waits for it
@@ -100,6 +112,7 @@ class FakeOrbaxManager:
     if self.fail_start is not None:
       raise self.fail_start
     write_checkpoint(tmp)
+    asyncio.run(self._checkpointer._handler.async_save(tmp))  # pylint: disable=protected-access
     self._steps.append(step)
     doomed = []
     if self._options.max_to_keep:
@@ -161,6 +174,7 @@ class FakePaxCheckpointer:
     self._enable_checkpoint_saving = enable_checkpoint_saving
     self._step_to_restore = self.checkpoint_manager.latest_step()
     self.restored: list[int | None] = []  # the steps get_model_states restored
+    self.restored_states: dict[int, Any] = {}  # step -> the state its restore returns (default STATE)
 
   @property
   def orbax(self) -> FakeOrbaxManager:
@@ -176,7 +190,8 @@ class FakePaxCheckpointer:
     if step is not None and not (self.checkpoint_manager.directory / f'checkpoint_{step:08d}').is_dir():
       raise FileNotFoundError(f'no checkpoint for step {step}')
     self.restored.append(step)
-    return f'model states of step {step}'
+    state = self.restored_states.get(step, STATE)  # what "reading the arrays back" gives
+    return state, None, step or 0, None
 
   def save_final(self, step_i: int, *, partitioned_train_state: Any,
                  train_state_unpadded_shape_dtype_struct=None, train_state_pspecs=None,
@@ -195,7 +210,9 @@ class FakePaxCheckpointer:
 
 # --- the wrapper around the fake, and a preemption in-process ---------------------------------------
 
-STATE = {'w': jnp.zeros(2, jnp.float32)}  # the train state: one small jax.Array
+# The train state, as Pax's: a step, one variable, one optimizer slot.
+STATE = train_states.TrainState(step=jnp.zeros((), jnp.int32), mdl_vars={'w': jnp.arange(4, dtype=jnp.float32)},
+                                opt_states=[{'m': jnp.ones(4, jnp.float32)}])
 
 
 def preempt() -> None:

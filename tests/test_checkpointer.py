@@ -2,6 +2,7 @@
 
 import datetime
 import errno
+import json
 import logging
 import threading
 import time
@@ -161,7 +162,7 @@ def test_damaged_newest_is_set_aside_and_the_next_newest_restored(job):
   (layout.step_dir(layout.checkpoint_dir(job), 20) / 'state').rmtree()
   ckpt, fake = fakes.wrap(job)
   assert ckpt.step_to_restore == 20
-  assert ckpt.get_model_states(None, None, None) == 'model states of step 10'
+  assert ckpt.get_model_states(None, None, None)[2] == 10
   assert fake.restored == [10]
   assert fake.step_to_restore == 10 and ckpt.step_to_restore == 10
   skipped, = fakes.events(job, 'restore_skipped')
@@ -381,3 +382,48 @@ def test_adaptive_interval_change_over_10_percent_is_logged_again(job, caplog):
   lines = [r.getMessage() for r in caplog.records if 'adaptive save interval' in r.getMessage()]
   # 60 s at start, then ~42, ~35, ~30 s: each more than 10% from the last one logged.
   assert len(lines) == 4 and 'was 60.000 s' in lines[1], lines
+
+
+def _saved(job, steps, settings=None):
+  """A job with these steps saved through the wrapper (manifests included), then a fresh wrapper."""
+  ckpt, _ = fakes.wrap(job, settings or settings_lib.Settings(notices='off'), interval=10)
+  for step in steps:
+    ckpt.save_if_needed(step, STATE)
+  ckpt.wait_until_finished()
+  return fakes.wrap(job, settings or settings_lib.Settings(notices='off'), interval=10)
+
+
+def test_a_restore_matching_its_manifest_is_used(job, caplog):
+  caplog.set_level('INFO')
+  ckpt, fake = _saved(job, (10, 20))
+  manifest = json.loads(layout.manifest_path(layout.step_dir(layout.checkpoint_dir(job), 20), 0).read_text())
+  assert set(manifest['arrays']) == {'step', 'mdl_vars.w', 'opt_states_0.m'}  # Pax's on-disk names
+  assert ckpt.get_model_states(None, None, None)[2] == 20 and fake.restored == [20]
+  assert '3 shards of 3 arrays checked against the manifest' in caplog.text
+
+
+def test_a_restored_array_that_differs_from_its_manifest_is_skipped(job):
+  """One flipped value in the newest checkpoint's arrays: restore_skipped naming the array and shard,
+  set aside, the next newest restored."""
+  ckpt, fake = _saved(job, (10, 20))
+  fake.restored_states[20] = STATE.replace(mdl_vars={'w': STATE.mdl_vars['w'].at[2].set(7.0)})
+  assert ckpt.get_model_states(None, None, None)[2] == 10 and fake.restored == [20, 10]
+  skipped, = fakes.events(job, 'restore_skipped')
+  assert skipped['step'] == 20 and 'mdl_vars.w shard [0:4] does not match the manifest' in skipped['error']
+  assert (layout.unrestorable_dir(job) / 'checkpoint_00000020' / 'state').is_dir()
+
+
+def test_a_damaged_manifest_makes_its_checkpoint_damaged(job):
+  ckpt, fake = _saved(job, (10, 20))
+  layout.manifest_path(layout.step_dir(layout.checkpoint_dir(job), 20), 0).write_text('{"format": 1, "ha')
+  assert ckpt.get_model_states(None, None, None)[2] == 10 and fake.restored == [20, 10]
+  assert 'manifest: host0.json is damaged' in fakes.events(job, 'restore_skipped')[0]['error']
+
+
+def test_a_checkpoint_without_manifest_restores_unverified_with_one_line(job, caplog):
+  caplog.set_level('INFO')
+  ckpt, fake = _saved(job, (10,), settings_lib.Settings(notices='off', checksums=False))
+  assert not layout.manifest_dir(layout.step_dir(layout.checkpoint_dir(job), 10)).exists()
+  ckpt, fake = fakes.wrap(job, settings_lib.Settings(notices='off'), interval=10)
+  assert ckpt.get_model_states(None, None, None)[2] == 10 and fake.restored == [10]
+  assert caplog.text.count('has no content manifest') == 1

@@ -14,6 +14,7 @@ from pax_autockpt import events as events_lib
 from pax_autockpt import layout
 from pax_autockpt.tools import process
 from pax_autockpt.tools import report
+from tests import damage
 from tests.conftest import assert_restorable
 from tests.conftest import checkpoint_steps
 from tests.conftest import events_of
@@ -86,14 +87,18 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
   assert checkpoint_steps(job)[0] == committed
   loaded = report.load(job)
   assert (loaded.newest_checkpoint, loaded.checkpoints_incomplete) == (step, 1)
-  # ... and the newest committed one loses an array chunk (tensorstore would read zeros for it).
-  chunk = sorted(n for n in _objects_of(gcs, job_name, step) if n.endswith('/0.0'))[0]
-  gcs.delete(chunk)
+  # ... and a byte flips inside the newest committed one's largest array (rewritten as a valid chunk:
+  # only its content manifest can tell), which `pax-autockpt verify` finds on the bucket too.
+  name, shard = damage.flip_a_byte(layout.step_dir(layout.checkpoint_dir(job), step))
   damaged = _objects_of(gcs, job_name, step)
+  out = subprocess.run([sys.executable, '-m', 'pax_autockpt.tools.cli', 'verify', job, '--step', str(step)],
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 1 and f'step {step}: DAMAGED: {name} shard [{shard}]' in out.stdout, out
 
   # Run 2: the same command restores the previous committed step, marks the damaged one in place.
   _preempt(_run(jobs, argv, str(tmp_path / 'run2.log')), after_secs=3)
   assert [e['step'] for e in events_of(job, 'restore_skipped')] == [step]
+  assert 'does not match the manifest' in events_of(job, 'restore_skipped')[0]['error']
   assert _last_run(job, 'start')[0]['restored_step'] == committed[0]
   step2 = _last_run(job, 'preemption', finished=True)[0]['step']
   marked = _objects_of(gcs, job_name, step)

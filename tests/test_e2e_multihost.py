@@ -11,6 +11,7 @@ import pytest
 from pax_autockpt import events as events_lib
 from pax_autockpt import layout
 from pax_autockpt.tools import process
+from tests import damage
 from tests.conftest import assert_restorable
 from tests.conftest import checkpoint_steps
 
@@ -20,8 +21,8 @@ EXP = 'experiments.lm_cloud_autockpt.LmCloudSpmdTinyMultisliceAutockpt'
 CLI = [sys.executable, '-m', 'pax_autockpt.tools.cli']
 
 
-def _launch(jobs, job_dir, log, num_hosts, *extra):
-  argv = [*CLI, 'launch', f'--num_hosts={num_hosts}', *extra, '--', f'--exp={EXP}',
+def _launch(jobs, job_dir, log, num_hosts, *extra, exp=EXP):
+  argv = [*CLI, 'launch', f'--num_hosts={num_hosts}', *extra, '--', f'--exp={exp}',
           f'--job_log_dir={job_dir}']
   job = process.Job(argv, log)
   jobs.append(job)
@@ -183,3 +184,27 @@ def test_bad_wiring_exits_2_with_one_line():
   assert out.returncode == 2
   errors = [line for line in out.stderr.splitlines() if line.startswith('error:')]
   assert len(errors) == 1 and '--host_idx' in errors[0]
+
+
+def test_a_byte_flipped_in_host_1s_shard_only_is_found_and_passed_over_by_both(jobs, job_dir, tmp_path):
+  """One slice over 2 hosts (each writes its half of every sharded array); a byte flips in a shard only
+  host 1 wrote: host 1's check finds it, both hosts skip that checkpoint and restore the same one."""
+  exp = 'pax_autockpt.tools.bench_experiments.TinyModelParallelAutockpt'
+  first = _launch(jobs, job_dir, str(tmp_path / 'launch1.log'), 2, exp=exp)
+  _wait_training(job_dir, 1, first)
+  time.sleep(1.0)
+  first.send(signal.SIGTERM)
+  assert first.wait(180) == 143, first.log()[-3000:]
+  step = _assert_all_preempted_at_same_step(job_dir, 2, restored=None)
+  name, shard = damage.flip_a_byte(layout.step_dir(layout.checkpoint_dir(job_dir), step), host=1)
+
+  relaunch_t = time.time()
+  second = _launch(jobs, job_dir, str(tmp_path / 'launch2.log'), 2, exp=exp)
+  starts = [_wait_event(job_dir, host, 'start', second, after=relaunch_t) for host in (0, 1)]
+  for host in (0, 1):
+    skipped = [e for e in events_lib.read(job_dir, host) if e['event'] == 'restore_skipped']
+    assert [e['step'] for e in skipped] == [step], skipped
+    assert f'host 1: {name} shard [{shard}] does not match the manifest' in skipped[0]['error']
+  assert starts[0]['restored_step'] == starts[1]['restored_step'] < step
+  second.send(signal.SIGTERM)
+  assert second.wait(180) == 143, second.log()[-3000:]

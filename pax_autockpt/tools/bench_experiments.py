@@ -86,3 +86,14 @@ class TinyMultisliceSoakAutockpt(exps.LmCloudSpmdTinyMultisliceAutockpt):
 
   CHECKPOINT_EVERY_N_STEPS = 100
   NUM_TRAIN_STEPS = 3000
+
+
+@experiment_registry.register
+class TinyModelParallelAutockpt(exps.LmCloudSpmdTinyAutockpt):
+  """One slice over all local hosts, ICI [1, N, 1]: each host holds (and writes) its own part of every
+  sharded array, so a checkpoint has shards only host 1 wrote."""
+
+  @property
+  def ICI_MESH_SHAPE(self):  # pylint: disable=invalid-name
+    import jax  # pylint: disable=g-import-not-at-top
+    return [1, jax.device_count(), 1]

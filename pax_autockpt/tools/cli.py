@@ -1,4 +1,4 @@
-"""The `pax-autockpt` command: launch, report, demo."""
+"""The `pax-autockpt` command: launch, report, verify, demo."""
 
 import argparse
 import sys
@@ -28,6 +28,10 @@ def _parser() -> argparse.ArgumentParser:
   report.add_argument('--plot', default=None, metavar='FILE.png')
   report.add_argument('--json', action='store_true')
 
+  verify = sub.add_parser('verify', help='check committed checkpoints against their content manifests')
+  verify.add_argument('job_log_dir')
+  verify.add_argument('--step', type=int, default=None, help='only this step (default: every committed one)')
+
   demo = sub.add_parser('demo', help='train, SIGTERM, save, exit, resume (what `make demo` runs)')
   demo.add_argument('--workdir', default=None)
   return parser
@@ -49,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     from pax_autockpt.tools import report  # pylint: disable=g-import-not-at-top  (matplotlib)
     return report.run(args.job_log_dir, mtbf_hours=args.mtbf_hours, plot_path=args.plot,
                       as_json=args.json)
+  if args.command == 'verify':
+    from pax_autockpt.tools import verify  # pylint: disable=g-import-not-at-top  (tensorstore, orbax)
+    return verify.run(args.job_log_dir, args.step)
   from pax_autockpt.tools import demo  # pylint: disable=g-import-not-at-top
   return demo.run(args.workdir)
 
