@@ -119,8 +119,11 @@ class AutockptCheckpointer:
       if found:
         self._skip_unrestorable(step, '; '.join(found))
         continue
+      began = time.time()
       try:
         restored = self._inner.get_model_states(partitioner, metadata, root_prng_key, train_input_pipeline)
+        if step is not None:
+          logging.info('[autockpt] checkpoint %d restored in %.3f s.', step, time.time() - began)
       except Exception as e:  # pylint: disable=broad-except
         if step is None:
           raise

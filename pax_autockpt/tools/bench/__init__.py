@@ -9,7 +9,9 @@ Storages: `local` (this disk), `gcs0` and `gcs30` (pax_autockpt.tools.local_gcs 
 request). Scenarios (see scenarios.py): tiny_<storage> (step time with continuous saving vs off, loop
 blocking, save duration, interval, requests per save), ondemand_<size>_<storage> (the on-demand save vs
 the storage's own limit for the same bytes), stock_<size> (SIGTERM -> exit vs stock paxml), restart,
-hook, decision, formats_<storage> (zarr vs OCDBT).
+hook, decision, formats_<storage> (zarr vs OCDBT), notices_<size> (notice -> committed), noticestart
+(start-up with notices auto and no server vs off), checksums (the manifest's cost; verification vs
+restore), adaptive (the self-set interval against the Young/Daly optimum).
 """
 
 import argparse
@@ -27,7 +29,8 @@ from pax_autockpt.tools.bench import scenarios
 
 STORAGES = {'local': None, 'gcs0': 0.0, 'gcs30': 30.0}
 DEFAULT = ('tiny_local,tiny_gcs0,tiny_gcs30,ondemand_Medium_local,ondemand_Large_local,ondemand_Medium_gcs0,'
-           'ondemand_Medium_gcs30,stock_Medium,restart,hook,decision,formats_local,formats_gcs30')
+           'ondemand_Medium_gcs30,stock_Medium,restart,hook,decision,formats_local,formats_gcs30,notices_Tiny,'
+           'notices_Medium,noticestart,checksums,adaptive')
 
 
 def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
@@ -46,6 +49,14 @@ def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
     return scenarios.decision(storage, args.pairs, args.secs)
   if kind == 'formats':
     return scenarios.formats(storage, args.pairs, args.secs)
+  if kind == 'notices':
+    return scenarios.notices(storage, rest[0], args.pairs)
+  if kind == 'noticestart':
+    return scenarios.notices_startup(storage, args.pairs)
+  if kind == 'checksums':
+    return scenarios.checksums(storage, args.pairs, args.secs)
+  if kind == 'adaptive':
+    return scenarios.adaptive(storage, args.pairs)
   raise SystemExit(f'error: unknown scenario {name!r}: choose from {DEFAULT}')
 
 

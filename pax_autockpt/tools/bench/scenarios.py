@@ -1,6 +1,7 @@
 """The bench's scenarios: each returns Figures from alternating, paired runs (see measure.py)."""
 
 import os
+import re
 import sys
 import time
 
@@ -225,3 +226,125 @@ def formats(storage: Storage, pairs: int, secs: float) -> list[Figure]:
   return [Figure(f'loop blocked per save P50, OCDBT vs zarr, tiny, {storage.name}', 'ms', block['ocdbt'],
                  block['zarr'], 'zarr'),
           Figure(f'on-demand save, OCDBT vs zarr, Medium, {storage.name}', 's', save['ocdbt'], save['zarr'], 'zarr')]
+
+
+# --- notices, checksums, the adaptive interval -----------------------------------------------------
+
+_STEADY = {'Tiny': r'summary tensor at step=100 ', 'Medium': measure.STEP_DONE}
+
+
+def notices(storage: Storage, size: str, pairs: int) -> list[Figure]:
+  """Maintenance notice -> the notice save committed, while training goes on (fake metadata server)."""
+  from pax_autockpt import events as events_lib  # pylint: disable=g-import-not-at-top
+  from pax_autockpt.tools import fake_metadata  # pylint: disable=g-import-not-at-top
+  took = []
+  for i in range(pairs):
+    with fake_metadata.FakeMetadataServer(os.path.join(storage.workdir, f'metadata-{i}')) as server:
+      job_dir = storage.job_dir(f'notice-{size}-{i}')
+      env = {**storage.env(), 'GCE_METADATA_HOST': server.host}
+      argv = ours(f'{size}Autockpt', '--host_idx=0', '--num_hosts=1', _port_flag(), f'--job_log_dir={job_dir}')
+      job = process.Job(argv, os.path.join(storage.workdir, f'notice-{size}-{i}.log'), env=env)
+      try:
+        job.wait_for_log(r'\[autockpt\] notices: watching', timeout=900)
+        job.wait_for_log(_STEADY[size], timeout=900)
+        time.sleep(2.0)
+        sent = time.time()
+        server.set('maintenance-event', 'TERMINATE_ON_HOST_MAINTENANCE')
+        deadline = time.time() + 600
+        while time.time() < deadline:
+          evs = events_lib.read(job_dir)
+          notice = next((e for e in evs if e['event'] == 'notice'), None)
+          done = notice and next((e for e in evs if e['event'] == 'save_committed' and e['step'] == notice['step']),
+                                 None)
+          if done:
+            took.append(done['t'] - sent)
+            break
+          time.sleep(0.02)
+      finally:
+        job.kill()
+      storage.clean(job_dir)
+    measure.say(f'notice {size} #{i}: committed {took[-1] if took else None} s after the notice')
+  return [Figure(f'maintenance notice -> its save committed (training goes on), {size}, {storage.name}', 's',
+                 took)]
+
+
+def notices_startup(storage: Storage, pairs: int) -> list[Figure]:
+  """Start -> first step with notices 'auto' where no metadata server answers, against 'off'."""
+  auto, off = [], []
+  for i in range(pairs):
+    for flags, out in ((('--autockpt_notices=auto',), auto), (('--autockpt_notices=off',), off)):
+      job_dir = storage.job_dir(f'nstart-{flags[0][-4:]}-{i}')
+      out.append(_first_step_secs(storage, ours('TinyAutockpt', *flags), f'nstart-{flags[0][-4:]}-{i}', job_dir))
+      storage.clean(job_dir)
+    measure.say(f'start -> first step #{i}: notices auto {auto[-1]:.2f} s, off {off[-1]:.2f} s')
+  return [Figure('start -> first step, notices auto (no metadata server) vs off, tiny', 's', auto, off, 'off')]
+
+
+def checksums(storage: Storage, pairs: int, secs: float) -> list[Figure]:
+  """The content manifest's cost: per save (tiny, continuous) and for the Medium on-demand save, with
+  against without; and verification against restore time (Medium, Large)."""
+  arms = {'on': (), 'off': ('--autockpt_checksums=false',)}
+  blocking, duration, medium = {a: [] for a in arms}, {a: [] for a in arms}, {a: [] for a in arms}
+  for i in range(pairs):
+    for arm, flags in arms.items():
+      run = measure.timed_run(storage, ours('TinyAutockpt', *CONTINUOUS, *flags), f'ck-tiny-{arm}-{i}',
+                              train_secs=secs, preempt=False)
+      stats = _save_stats(run)
+      blocking[arm].append(stats['blocking_p50'])
+      duration[arm].append(stats['duration_p50'])
+      storage.clean(run.job_dir)
+      run = measure.timed_run(storage, ours('MediumAutockpt', *flags), f'ck-medium-{arm}-{i}', train_secs=3,
+                              preempt=True)
+      step = [e['step'] for e in run.events if e['event'] == 'preemption'][0]
+      medium[arm].append(run.committed().get(step))
+      storage.clean(run.job_dir)
+    measure.say(f'checksums #{i}: tiny blocked {blocking["on"][-1]} / {blocking["off"][-1]} ms, saved '
+                f'{duration["on"][-1]} / {duration["off"][-1]} ms; Medium {medium["on"][-1]} / {medium["off"][-1]} s')
+  figures = [Figure(f'loop blocked per save P50, checksums on vs off, tiny, {storage.name}', 'ms', blocking['on'],
+                    blocking['off'], 'off'),
+             Figure(f'save start -> commit P50, checksums on vs off, tiny, {storage.name}', 'ms', duration['on'],
+                    duration['off'], 'off'),
+             Figure(f'on-demand save, checksums on vs off, Medium, {storage.name}', 's', medium['on'], medium['off'],
+                    'off')]
+  return figures + [_verify_vs_restore(storage, size, pairs) for size in ('Medium', 'Large')]
+
+
+def _verify_vs_restore(storage: Storage, size: str, pairs: int) -> Figure:
+  """Restore, then the manifest check, as the restarted process logs them."""
+  verify_s, restore_s = [], []
+  for i in range(pairs):
+    first = measure.timed_run(storage, ours(f'{size}Autockpt'), f'vr-{size}-{i}', train_secs=2, preempt=True)
+    again = measure.timed_run(storage, ours(f'{size}Autockpt'), f'vr-{size}-{i}', train_secs=0, preempt=True)
+    restored = re.search(r'checkpoint \d+ restored in ([0-9.]+) s', again.log)
+    checked = re.search(r'checked against the manifest in ([0-9.]+) s', again.log)
+    restore_s.append(float(restored.group(1)) if restored else None)
+    verify_s.append(float(checked.group(1)) if checked else None)
+    storage.clean(first.job_dir)
+    measure.say(f'restore {size} #{i}: {restore_s[-1]} s, verification {verify_s[-1]} s')
+  return Figure(f'restore + verification vs restore alone, {size}, {storage.name}', 's',
+                [r + v if r is not None and v is not None else None for r, v in zip(restore_s, verify_s)],
+                restore_s, 'restore alone')
+
+
+def adaptive(storage: Storage, pairs: int, mtbf_hours: float = 0.2) -> list[Figure]:
+  """--autockpt_mtbf_hours on a whole tiny run: the interval it settled on against the Young/Daly optimum
+  computed afterwards from the same run's measured save cost."""
+  from pax_autockpt.tools import report  # pylint: disable=g-import-not-at-top
+  ratio, interval = [], []
+  for i in range(pairs):
+    job_dir = storage.job_dir(f'adaptive-{i}')
+    job = process.Job([*ours('TinyAutockpt', f'--autockpt_mtbf_hours={mtbf_hours}'), f'--job_log_dir={job_dir}'],
+                      os.path.join(storage.workdir, f'adaptive-{i}.log'), env=storage.env())
+    try:
+      job.wait_for_log(measure.STEP_DONE, timeout=900)
+      time.sleep(40)
+    finally:
+      job.kill()
+    a = report.young_daly.adaptive(report.load(job_dir))
+    ratio.append(a['ratio'])
+    interval.append(a['interval_s'])
+    storage.clean(job_dir)
+    measure.say(f'adaptive #{i}: interval {a["interval_s"]} s, optimum afterwards {a["tau_opt_s"]} s')
+  return [Figure(f'adaptive interval / Young-Daly optimum afterwards, MTBF {mtbf_hours} h, tiny, {storage.name}',
+                 'x', ratio),
+          Figure(f'adaptive interval at the end, MTBF {mtbf_hours} h, tiny, {storage.name}', 's', interval)]
