@@ -28,7 +28,7 @@ lint: venv
 	$(VENV)/bin/ruff check pax_autockpt experiments tests
 
 test: venv lint
-	$(PYTEST) -q -rs
+	$(PYTEST) -q -rs -n 2 --dist loadfile
 
 # Unit and registry tests only (no real training processes).
 test-fast: venv

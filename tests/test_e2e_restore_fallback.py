@@ -1,9 +1,13 @@
 """A damaged newest checkpoint is passed over (and kept aside), never restored, never a crash loop:
-missing or truncated chunks, a byte flipped inside the data (the content manifest), a damaged manifest."""
+missing or truncated chunks, a byte flipped inside the data (the content manifest), a damaged manifest.
+
+One run makes several committed checkpoints (continuous saving), each of the newest gets a different
+kind of damage, and one restart has to pass over all of them, newest first, and restore the first whole
+one: every kind of damage is exercised with two process starts.
+"""
 
 import glob
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -21,20 +25,21 @@ pytestmark = pytest.mark.e2e
 
 EXP = process.TINY_EXP
 CLI = [sys.executable, '-m', 'pax_autockpt.tools.cli']
-
-
 ZARR = '--tensorstore_use_ocdbt=false'  # Pax's default: a directory and chunk files per array
 OCDBT = '--tensorstore_use_ocdbt'  # one key-value database per checkpoint
 
 
-def _run_and_preempt(jobs, job_dir, log, *flags) -> int:
+def _run_and_preempt(jobs, job_dir, log, *flags, min_checkpoints=1) -> list[int]:
+  """Trains until `min_checkpoints` are committed, SIGTERM; returns the committed steps."""
   job = process.Job(process.ours_argv(EXP, job_dir, *flags), log)
   jobs.append(job)
   job.wait_for_log(r'\[PAX STATUS\]: Step `\d+` completed')
-  time.sleep(random.uniform(0.5, 2.0))
+  deadline = time.time() + 120
+  while len(events_of(job_dir, 'save_committed')) < min_checkpoints and time.time() < deadline:
+    time.sleep(0.2)
   job.send(signal.SIGTERM)
   assert job.wait(120) == 143, job.log()[-3000:]
-  return events_of(job_dir, 'preemption')[-1]['step']
+  return checkpoint_steps(job_dir)[0]
 
 
 def _step_path(job_dir, step):
@@ -42,70 +47,67 @@ def _step_path(job_dir, step):
 
 
 def _a_chunk(job_dir, step):
-  path = os.path.join(job_dir, 'checkpoints', f'checkpoint_{step:08d}', 'state')
+  path = os.fspath(_step_path(job_dir, step) / 'state')
   return sorted(glob.glob(os.path.join(path, '*.w', '0.0')))[0]
 
 
-def test_missing_then_truncated_array_files_are_skipped_and_kept_aside(jobs, job_dir, tmp_path):
-  first = _run_and_preempt(jobs, job_dir, str(tmp_path / 'run1.log'), ZARR)
-  os.remove(_a_chunk(job_dir, first))  # tensorstore would read zeros for it: must not be restored
+def _restart(jobs, job_dir, log, *flags) -> int:
+  """The same command again, until its start event; returns the restored step."""
+  job = process.Job(process.ours_argv(EXP, job_dir, *flags), log)
+  jobs.append(job)
+  job.wait_for_log(r'\[PAX STATUS\]: Step `\d+` completed')
+  job.send(signal.SIGTERM)
+  assert job.wait(120) == 143, job.log()[-3000:]
+  return events_of(job_dir, 'start')[-1]['restored_step']
 
-  second = _run_and_preempt(jobs, job_dir, str(tmp_path / 'run2.log'), ZARR)
-  skipped = events_of(job_dir, 'restore_skipped')
-  assert [e['step'] for e in skipped] == [first] and 'is missing' in skipped[0]['error']
-  restored = events_of(job_dir, 'start')[-1]['restored_step']
-  assert restored is not None and restored < first
-  aside = os.path.join(job_dir, 'autockpt', 'unrestorable', f'checkpoint_{first:08d}')
-  assert os.path.isdir(os.path.join(aside, 'state'))  # kept, not deleted
-  assert checkpoint_steps(job_dir)[1] == []
-  log = open(tmp_path / 'run2.log').read()
-  assert f'checkpoint {first} cannot be restored' in log and f'Model initial global_step={restored}' in log
 
-  with open(_a_chunk(job_dir, second), 'r+b') as f:  # a torn write: the restore itself fails
+def test_every_kind_of_damage_is_passed_over_kept_aside_and_found_offline(jobs, job_dir, tmp_path):
+  steps = _run_and_preempt(jobs, job_dir, str(tmp_path / 'run1.log'), ZARR, '--autockpt_continuous',
+                           min_checkpoints=6)
+  assert len(steps) >= 5, steps
+  flipped, bad_manifest, truncated, missing, whole = steps[-1], steps[-2], steps[-3], steps[-4], steps[-5]
+  # A byte flipped in the middle of the largest array, written back as a valid chunk: neither the chunk
+  # check nor the restore can tell; the content manifest does, offline and before training.
+  name, shard = damage.flip_a_byte(_step_path(job_dir, flipped))
+  damage.break_manifest(_step_path(job_dir, bad_manifest))  # the manifest itself: so is its checkpoint
+  with open(_a_chunk(job_dir, truncated), 'r+b') as f:  # a torn write: the restore itself fails
     f.truncate(3)
-  third = _run_and_preempt(jobs, job_dir, str(tmp_path / 'run3.log'), ZARR)
-  skipped = events_of(job_dir, 'restore_skipped')
-  assert [e['step'] for e in skipped] == [first, second]
-  assert events_of(job_dir, 'start')[-1]['restored_step'] < second
-  kept = sorted(os.listdir(os.path.join(job_dir, 'autockpt', 'unrestorable')))
-  assert len(kept) == 2 and all(k.startswith(('checkpoint_%08d' % first, 'checkpoint_%08d' % second))
-                                for k in kept), kept
+  os.remove(_a_chunk(job_dir, missing))  # tensorstore would read zeros for it: must not be restored
 
-  # One byte flipped in the middle of the largest array, written back as a valid chunk: neither the
-  # chunk check nor the restore can tell; the content manifest does, offline and before training.
-  name, shard = damage.flip_a_byte(_step_path(job_dir, third))
   out = subprocess.run([*CLI, 'verify', job_dir], capture_output=True, text=True, timeout=300)
-  lines = [x for x in out.stdout.splitlines() if x.startswith('step ')]
-  assert out.returncode == 1 and f'step {third}: DAMAGED: {name} shard [{shard}] does not match' in out.stdout
-  assert all(': ok (' in x for x in lines if not x.startswith(f'step {third}:')), lines
-  fourth = _run_and_preempt(jobs, job_dir, str(tmp_path / 'run4.log'), ZARR)
-  skipped = events_of(job_dir, 'restore_skipped')[-1]
-  assert skipped['step'] == third and f'host 0: {name} shard [{shard}] does not match the manifest' in skipped['error']
-  assert events_of(job_dir, 'start')[-1]['restored_step'] < third
+  lines = {int(x.split(':')[0][5:]): x for x in out.stdout.splitlines() if x.startswith('step ')}
+  assert out.returncode == 1 and f'DAMAGED: {name} shard [{shard}] does not match' in lines[flipped], out
+  assert 'DAMAGED: manifest host0.json is damaged' in lines[bad_manifest]
+  assert 'DAMAGED' in lines[truncated] and 'DAMAGED' in lines[missing] and ': ok (' in lines[whole], lines
 
-  damage.break_manifest(_step_path(job_dir, fourth))  # the manifest itself damaged: so is its checkpoint
-  _run_and_preempt(jobs, job_dir, str(tmp_path / 'run5.log'), ZARR)
-  skipped = events_of(job_dir, 'restore_skipped')[-1]
-  assert skipped['step'] == fourth and 'manifest: host0.json is damaged' in skipped['error']
-  assert events_of(job_dir, 'start')[-1]['restored_step'] < fourth
+  restored = _restart(jobs, job_dir, str(tmp_path / 'run2.log'), ZARR)
+  assert restored == whole
+  skipped = {e['step']: e['error'] for e in events_of(job_dir, 'restore_skipped')}
+  assert list(skipped) == [flipped, bad_manifest, truncated, missing]  # newest first
+  assert f'host 0: {name} shard [{shard}] does not match the manifest' in skipped[flipped]
+  assert 'manifest: host0.json is damaged' in skipped[bad_manifest]
+  assert 'is missing' in skipped[missing]
+  log = open(tmp_path / 'run2.log').read()
+  assert f'checkpoint {flipped} cannot be restored' in log and f'Model initial global_step={whole}' in log
+  kept = sorted(os.listdir(layout.unrestorable_dir(job_dir)))  # moved aside, never deleted
+  assert kept == sorted(f'checkpoint_{s:08d}' for s in skipped), kept
+  assert all((layout.unrestorable_dir(job_dir) / k / 'state').is_dir() for k in kept)
+  assert checkpoint_steps(job_dir)[1] == []
 
 
-def test_ocdbt_checkpoint_missing_a_data_file_is_skipped(jobs, job_dir, tmp_path):
-  """OCDBT: no silent zeros there, the restore itself fails on the missing file."""
-  first = _run_and_preempt(jobs, job_dir, str(tmp_path / 'run1.log'), OCDBT)
-  data = glob.glob(os.path.join(job_dir, 'checkpoints', f'checkpoint_{first:08d}', 'state', '**', 'd', '*'),
-                   recursive=True)
+def test_ocdbt_a_flipped_byte_and_a_missing_data_file_are_passed_over(jobs, job_dir, tmp_path):
+  """OCDBT: no silent zeros there (a missing data file makes the restore fail), but a flipped byte
+  rewritten inside the database restores silently unless the manifest catches it."""
+  steps = _run_and_preempt(jobs, job_dir, str(tmp_path / 'run1.log'), OCDBT, '--autockpt_continuous',
+                           min_checkpoints=4)
+  flipped, missing, whole = steps[-1], steps[-2], steps[-3]
+  name, shard = damage.flip_a_byte(_step_path(job_dir, flipped))
+  data = glob.glob(os.path.join(os.fspath(_step_path(job_dir, missing)), 'state', '**', 'd', '*'), recursive=True)
   assert data, 'no OCDBT data files'
   os.remove(max(data, key=os.path.getsize))
 
-  second = _run_and_preempt(jobs, job_dir, str(tmp_path / 'run2.log'), OCDBT)
-  assert [e['step'] for e in events_of(job_dir, 'restore_skipped')] == [first]
-  restored = events_of(job_dir, 'start')[-1]['restored_step']
-  assert restored is not None and restored < first
-  assert os.path.isdir(os.path.join(job_dir, 'autockpt', 'unrestorable', f'checkpoint_{first:08d}'))
-
-  name, shard = damage.flip_a_byte(_step_path(job_dir, second))  # rewritten inside the OCDBT database
-  _run_and_preempt(jobs, job_dir, str(tmp_path / 'run3.log'), OCDBT)
-  skipped = events_of(job_dir, 'restore_skipped')[-1]
-  assert skipped['step'] == second and f'{name} shard [{shard}] does not match the manifest' in skipped['error']
-  assert events_of(job_dir, 'start')[-1]['restored_step'] < second
+  assert _restart(jobs, job_dir, str(tmp_path / 'run2.log'), OCDBT) == whole
+  skipped = {e['step']: e['error'] for e in events_of(job_dir, 'restore_skipped')}
+  assert list(skipped) == [flipped, missing]
+  assert f'{name} shard [{shard}] does not match the manifest' in skipped[flipped]
+  assert os.path.isdir(layout.unrestorable_dir(job_dir) / f'checkpoint_{missing:08d}')

@@ -2,8 +2,10 @@
 
 import random
 import re
+import shutil
 import signal
 import time
+import types
 
 import pytest
 
@@ -70,18 +72,34 @@ def events_of_run(job_dir, host=0):
   return events[last_start:]
 
 
-def test_sigterm_mid_training_commits_agreed_step_exits_143_and_resumes(jobs, job_dir, tmp_path):
-  first = _start(jobs, process.ours_argv(EXP, job_dir), str(tmp_path / 'run1.log'))
-  code, secs = _preempt_mid_training(first)
-  assert code == 143, first.log()[-3000:]
-  step = _assert_preempted_run(job_dir, restored=None)
+@pytest.fixture(scope='module')
+def preempted(tmp_path_factory):
+  """One run of ours, SIGTERM at a random moment mid-training; shared by the tests below, which read
+  its job directory or work on a copy of it (one process start fewer per test)."""
+  root = tmp_path_factory.mktemp('preempted')
+  job = process.Job(process.ours_argv(EXP, str(root / 'job')), str(root / 'run1.log'))
+  try:
+    code, secs = _preempt_mid_training(job)
+  finally:
+    job.kill()
+  return types.SimpleNamespace(job_dir=str(root / 'job'), log=job.log(), code=code, secs=secs)
+
+
+def _copy_of(preempted, tmp_path) -> str:
+  shutil.copytree(preempted.job_dir, tmp_path / 'job')
+  return str(tmp_path / 'job')
+
+
+def test_sigterm_mid_training_commits_agreed_step_exits_143_and_resumes(jobs, preempted, tmp_path):
+  assert preempted.code == 143, preempted.log[-3000:]
+  step = _assert_preempted_run(preempted.job_dir, restored=None)
   assert step > 0
-  print(f'SIGTERM -> exit {secs:.2f} s, on-demand step {step}')
+  print(f'SIGTERM -> exit {preempted.secs:.2f} s, on-demand step {step}')
   # notices 'auto' where no metadata server answers: one line, no watcher, no wait at start.
-  assert len(re.findall(r'\[autockpt\] notices: no metadata server at metadata.google.internal', first.log())) == 1
+  assert len(re.findall(r'\[autockpt\] notices: no metadata server at metadata.google.internal', preempted.log)) == 1
   # The same saves as TensorBoard scalars in the job's summaries.
-  scalars = tb_scalars(job_dir)
-  saved = [e['step'] for e in events_of(job_dir, 'save_started')]
+  scalars = tb_scalars(preempted.job_dir)
+  saved = [e['step'] for e in events_of(preempted.job_dir, 'save_started')]
   assert [s for s, _ in scalars['autockpt/save_blocking_s']] == saved
   assert [s for s, _ in scalars['autockpt/save_duration_s']] == saved
   # Interval saves (every 500) may precede the on-demand one when the SIGTERM comes late.
@@ -90,9 +108,9 @@ def test_sigterm_mid_training_commits_agreed_step_exits_143_and_resumes(jobs, jo
 
   # Same command again: restores N and trains to the end (Pax's final save, exit 0). The job
   # directory given relative to the working directory (OCDBT refuses relative paths: main resolves it).
+  job_dir = _copy_of(preempted, tmp_path)
   second = process.Job(process.ours_argv(EXP, 'job'), str(tmp_path / 'run2.log'), cwd=str(tmp_path))
   jobs.append(second)
-  assert job_dir == str(tmp_path / 'job')
   assert second.wait(300) == 0, second.log()[-3000:]
   run = events_of_run(job_dir)
   assert run[0]['restored_step'] == step
@@ -127,12 +145,10 @@ def test_sigterm_before_first_step_exits_143_with_a_restorable_checkpoint(jobs, 
   assert step <= 1
 
 
-def test_sigterm_during_restore_is_not_lost(jobs, job_dir, tmp_path):
+def test_sigterm_during_restore_is_not_lost(jobs, preempted, tmp_path):
   """Stock paxml 1.4.0 loses this SIGTERM (XLA's sync point is never reached) and trains on."""
-  first = _start(jobs, process.ours_argv(EXP, job_dir), str(tmp_path / 'run1.log'))
-  assert _preempt_mid_training(first)[0] == 143
-  step = _assert_preempted_run(job_dir, restored=None)
-
+  step = _assert_preempted_run(preempted.job_dir, restored=None)
+  job_dir = _copy_of(preempted, tmp_path)
   second = _start(jobs, process.ours_argv(EXP, job_dir), str(tmp_path / 'run2.log'))
   second.wait_for_log(r'\[PAX STATUS\]: Starting checkpoint load')
   second.send(signal.SIGTERM)

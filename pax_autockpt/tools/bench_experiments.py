@@ -97,3 +97,10 @@ class TinyModelParallelAutockpt(exps.LmCloudSpmdTinyAutockpt):
   def ICI_MESH_SHAPE(self):  # pylint: disable=invalid-name
     import jax  # pylint: disable=g-import-not-at-top
     return [1, jax.device_count(), 1]
+
+
+@experiment_registry.register
+class TinyRareSavesAutockpt(TinyAutockpt):
+  """The tiny model whose Pax interval never comes: only the first save, and what the hook saves."""
+
+  CHECKPOINT_EVERY_N_STEPS = 10**9
