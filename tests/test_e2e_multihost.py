@@ -21,9 +21,9 @@ EXP = 'experiments.lm_cloud_autockpt.LmCloudSpmdTinyMultisliceAutockpt'
 CLI = [sys.executable, '-m', 'pax_autockpt.tools.cli']
 
 
-def _launch(jobs, job_dir, log, num_hosts, *extra, exp=EXP):
+def _launch(jobs, job_dir, log, num_hosts, *extra, exp=EXP, host_flags=()):
   argv = [*CLI, 'launch', f'--num_hosts={num_hosts}', *extra, '--', f'--exp={exp}',
-          f'--job_log_dir={job_dir}']
+          f'--job_log_dir={job_dir}', *host_flags]
   job = process.Job(argv, log)
   jobs.append(job)
   return job
@@ -105,8 +105,17 @@ def test_sigterm_to_one_host_saves_the_same_step_on_all_and_relaunch_restores_it
 
 
 def test_sigkill_of_one_host_makes_the_others_exit_nonzero_within_the_bound(jobs, job_dir, tmp_path):
-  job = _launch(jobs, job_dir, str(tmp_path / 'launch.log'), 2, '--peer_exit_secs=60')
+  """Host 1 killed while a background save is in flight (continuous saving: one almost always is, and
+  the kill follows a save start): host 0's save thread waits at a coordination-service barrier, and
+  nothing may wait past the launcher's bound."""
+  job = _launch(jobs, job_dir, str(tmp_path / 'launch.log'), 2, '--peer_exit_secs=60',
+                host_flags=('--autockpt_continuous',))
   _wait_training(job_dir, 1, job)
+  saves = len([e for e in events_lib.read(job_dir, 1) if e['event'] == 'save_started'])
+  deadline = time.time() + 60
+  while len([e for e in events_lib.read(job_dir, 1) if e['event'] == 'save_started']) == saves:
+    assert time.time() < deadline, 'no save started on host 1'
+    time.sleep(0.01)
   pid1 = events_lib.read(job_dir, 1)[0]['pid']
   killed = time.time()
   os.kill(pid1, signal.SIGKILL)
