@@ -198,9 +198,10 @@ class FakePaxCheckpointer:
 STATE = {'w': jnp.zeros(2, jnp.float32)}  # the train state: one small jax.Array
 
 
-def preempt() -> None:
-  """What the SIGTERM handler does (no real signal: the test process must survive a mistake)."""
-  signals._record(signal.SIGTERM, None)  # pylint: disable=protected-access
+def preempt(signum: int = signal.SIGTERM) -> None:
+  """What the SIGTERM handler (or the Ctrl-C watcher) does, without a real signal: the test process must
+  survive a mistake."""
+  signals._record(signum, None)  # pylint: disable=protected-access
 
 
 def wrap(job_log_dir, settings: settings_lib.Settings | None = None, **fake_kwargs
