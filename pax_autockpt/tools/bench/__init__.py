@@ -9,7 +9,8 @@ Storages: `local` (this disk), `gcs0` and `gcs30` (pax_autockpt.tools.local_gcs 
 request). Scenarios (see scenarios.py): tiny_<storage> (step time with continuous saving vs off, loop
 blocking, save duration, interval, requests per save), ondemand_<size>_<storage> (the on-demand save vs
 the storage's own limit for the same bytes), stock_<size> (SIGTERM -> exit vs stock paxml), restart,
-hook, decision, formats_<storage> (zarr vs OCDBT).
+hook, decision, formats_<storage> (zarr vs OCDBT), decision_scale (the save decision's protocol at 8 to
+1,024 simulated hosts, no model; not in the default set: ~20 minutes).
 """
 
 import argparse
@@ -42,11 +43,13 @@ def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
     return scenarios.restart(storage, args.pairs)
   if kind == 'hook':
     return scenarios.hook_cost(storage, args.pairs, args.secs)
+  if name == 'decision_scale':
+    return scenarios.decision_scale(args.pairs)
   if kind == 'decision':
     return scenarios.decision(storage, args.pairs, args.secs)
   if kind == 'formats':
     return scenarios.formats(storage, args.pairs, args.secs)
-  raise SystemExit(f'error: unknown scenario {name!r}: choose from {DEFAULT}')
+  raise SystemExit(f'error: unknown scenario {name!r}: choose from {DEFAULT},decision_scale')
 
 
 def _storage_of(name: str) -> str:
