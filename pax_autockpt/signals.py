@@ -90,6 +90,24 @@ def install_interrupt() -> None:
   _state['pipe'] = (read_fd, write_fd)
   _state['previous'] = signal.signal(signal.SIGINT, _python_handler)
   threading.Thread(target=_watch, args=(read_fd,), name='autockpt-sigint', daemon=True).start()
+  if not _state.get('fork_hook'):
+    os.register_at_fork(after_in_child=_forget_in_child)
+    _state['fork_hook'] = True
+
+
+def _forget_in_child() -> None:
+  """A forked child (no exec) would write its SIGINTs into our pipe, where they would count as this
+  process's Ctrl-C (a terminal's Ctrl-C reaches the whole process group): it gets its own handling."""
+  if _state['pipe'] is None:
+    return
+  try:
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+  except ValueError:  # not the child's main thread
+    pass
+  for fd in _state['pipe']:
+    os.close(fd)
+  _state.update(pipe=None, previous=None, interrupts=0, publish=None, forwarded=False)
 
 
 def uninstall_interrupt() -> None:

@@ -134,3 +134,26 @@ def test_second_ctrl_c_aborts_at_once_even_with_the_main_thread_stuck_in_c(tmp_p
     if proc.poll() is None:
       proc.kill()
       proc.wait()
+
+
+def test_a_forked_child_s_ctrl_c_is_not_counted_as_ours():
+  """A child forked without exec shares the wakeup pipe; its SIGINT must not count as the parent's (a
+  terminal's Ctrl-C reaches the whole process group). Run in a fresh interpreter: no JAX threads to fork."""
+  script = textwrap.dedent('''
+      import os, signal, sys, time
+      from pax_autockpt import signals
+      signals.install_interrupt()
+      pid = os.fork()
+      if pid == 0:  # the child: Python's own Ctrl-C again
+        try:
+          os.kill(os.getpid(), signal.SIGINT)
+          time.sleep(1)
+          os._exit(3)
+        except KeyboardInterrupt:
+          os._exit(0)
+      _, status = os.waitpid(pid, 0)
+      time.sleep(0.2)
+      print(os.waitstatus_to_exitcode(status), signals.interrupted())
+  ''')
+  out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=60, cwd=os.getcwd())
+  assert out.stdout.split() == ['0', 'False'], out.stderr[-2000:]
