@@ -245,12 +245,14 @@ def scale(num_hosts, workdir, preempt_host=5, exp='experiments.lm_cloud_autockpt
   step, problems = _agreed(job_dir, num_hosts, restored=None)
   out.update(agreed_step=step)
   out['failures'] += problems + ([] if out['launcher_exit'] == 143 else [f'launcher exit {out["launcher_exit"]}'])
+  if step is None:
+    return out
   again = time.time()
   job = process.Job(argv, os.path.join(workdir, 'launch2.log'))
   try:
     _until(lambda: _host_pids(job_dir, num_hosts, again), job, 900)
     out['restart_to_all_restored_s'] = round(time.time() - again, 1)
-    time.sleep(10.0)
+    _until(lambda: _last_step(log) >= step + 3, job, 900)  # trained on from the restored step
     job.send(signal.SIGTERM)  # the launcher forwards it to every host
     out['relaunch_exit'] = job.wait(300)
   finally:
@@ -259,6 +261,11 @@ def scale(num_hosts, workdir, preempt_host=5, exp='experiments.lm_cloud_autockpt
   out.update(relaunch_agreed_step=later)
   out['failures'] += problems + ([] if out['relaunch_exit'] == 143 else [f'relaunch exit {out["relaunch_exit"]}'])
   return out
+
+
+def _last_step(log):
+  steps = [int(n) for n in re.findall(r'Step `(\d+)` completed', _text(log))]
+  return steps[-1] if steps else -1
 
 
 def _text(path):
