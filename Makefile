@@ -10,7 +10,7 @@ PYTHON310 ?= $(shell for p in "$$(command -v python3.10)" \
   $$(ls -d "$$(pyenv root 2>/dev/null || echo $$HOME/.pyenv)"/versions/3.10*/bin/python3.10 2>/dev/null | sort -rV); do \
   [ -n "$$p" ] && "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 10)' 2>/dev/null && { echo "$$p"; break; }; done)
 
-.PHONY: venv lint test test-fast demo bench soak clean
+.PHONY: venv lint test test-fast demo bench bench-scale soak clean
 
 venv: $(VENV)/.installed
 
@@ -44,6 +44,11 @@ bench: venv
 soak: venv
 	$(PY) -m pax_autockpt.tools.soak --cycles 30 --num_hosts 1
 	$(PY) -m pax_autockpt.tools.soak --cycles 10 --num_hosts 2 --seed 1
+	$(PY) -m pax_autockpt.tools.soak --scale 8
+
+# The save decision's protocol at 8 to 1,024 simulated hosts (no model; ~20 minutes).
+bench-scale: venv
+	$(PY) -m pax_autockpt.tools.bench --only decision_scale --pairs 3 --out bench
 
 clean:
 	rm -rf $(VENV) *.egg-info demo_run

@@ -62,6 +62,14 @@ class LmCloudSpmd2BMultisliceAutockpt(LmCloudSpmd2BAutockpt):
 
 
 @experiment_registry.register
+class LmCloudSpmd2BMultislice16Autockpt(LmCloudSpmd2BAutockpt):
+  """2 slices of 8 chips, ICI [1, 8, 1] x DCN [2, 1, 1]: GKE multislice (examples/gke), whose slices are
+  multi-host (e.g. 2 x v5e 2x4, 4 TPU VMs of 4 chips)."""
+
+  DCN_MESH_SHAPE = [2, 1, 1]
+
+
+@experiment_registry.register
 class LmCloudSpmd2BContinuousAutockpt(LmCloudSpmd2BAutockpt):
   """Seed 003's MaxText setting on Pax: continuous checkpointing, keep the latest 10."""
 

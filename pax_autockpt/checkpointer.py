@@ -409,4 +409,5 @@ class AutockptCheckpointer:
     if self._saving and not layout.is_committed(self._step_dir(step)):
       raise outcomes.SaveFailed(step, f'On-demand checkpoint of step {step} failed to commit; the newest '
                                 f'committed checkpoint is {self.newest_committed()}')
-    raise outcomes.Preempted(step, f'On-demand checkpoint of step {step} committed')
+    raise outcomes.Preempted(step, f'On-demand checkpoint of step {step} committed',
+                             signal=self._preemption.signal_name)

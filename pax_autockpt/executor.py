@@ -15,6 +15,7 @@ from pax_autockpt import internals
 from pax_autockpt import metrics as metrics_lib
 from pax_autockpt import outcomes
 from pax_autockpt import settings as settings_lib
+from pax_autockpt import signals
 
 
 class AutockptExecutor(executors.DefaultExecutor):
@@ -47,7 +48,8 @@ class AutockptExecutor(executors.DefaultExecutor):
     try:
       super().start()
     except outcomes.Preempted as stop:
-      self._exit(self._settings.exit_code, stop.step, f'{stop}; exiting {self._settings.exit_code}.')
+      code = signals.INTERRUPT_EXIT_CODE if stop.signal == 'SIGINT' else self._settings.exit_code
+      self._exit(code, stop.step, f'{stop} ({stop.signal}); exiting {code}.')
     except outcomes.SaveFailed as stop:
       self._exit(1, stop.step, f'{stop}; exiting 1.', error=True)
     except Exception as e:  # pylint: disable=broad-except

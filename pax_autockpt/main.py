@@ -107,6 +107,9 @@ def main(argv):
   _check_job_log_dir()
   FLAGS.host_idx, FLAGS.num_hosts, FLAGS.server_addr = (
       wiring.host_idx, wiring.num_hosts, wiring.server_addr)
+  if wiring.source == 'local':
+    # The one-host coordinator listens on loopback only (jax's default binds every address).
+    os.environ.setdefault('JAX_COORDINATOR_BIND_ADDRESS', wiring.server_addr)
   if wiring.num_hosts > 1:
     # CPU hosts need Gloo for cross-process collectives; other platforms ignore it.
     jax.config.update('jax_cpu_enable_gloo_collectives', True)

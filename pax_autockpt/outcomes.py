@@ -18,9 +18,13 @@ class StopTraining(Exception):
     return self.message
 
 
+@dataclasses.dataclass
 class Preempted(StopTraining):
   """A preemption signal was handled: the agreed step is committed (or saving is off); exit with the
-  configured preemption code (143 by default) so that the scheduler restarts the job."""
+  configured preemption code (143 by default) so that the scheduler restarts the job, or with 130 when
+  the signal was Ctrl-C on any host (a person stopped it: no scheduler should take it for a preemption)."""
+
+  signal: str = 'SIGTERM'
 
 
 class SaveFailed(StopTraining):

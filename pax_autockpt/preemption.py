@@ -1,4 +1,4 @@
-"""Decides the step at which every host saves after a preemption signal."""
+"""Decides the step at which every host saves after a preemption signal (SIGTERM, or Ctrl-C)."""
 
 import signal
 
@@ -6,6 +6,10 @@ from absl import logging
 from jax._src import distributed
 
 from pax_autockpt import signals
+
+# One key per host that got a Ctrl-C: at the agreed step every host reads the directory, so that all of
+# them exit 130 (not 143) even when only one was interrupted.
+_INTERRUPT_PREFIX = 'autockpt/interrupt/'
 
 
 class PreemptionWatcher:
@@ -15,28 +19,49 @@ class PreemptionWatcher:
   agrees on a sync point across hosts (its counter's max + 1). It is fed a loop-iteration counter
   starting at 0, not the step: XLA's counter starts at 0, so after a restore at step N a SIGTERM
   that arrives before the loop's first call would set the sync point to 1 and never be reached
-  (stock paxml then trains on until the 5-minute grace period ends). Without `jax.distributed`
+  (stock paxml then trains on until the 5-minute grace period ends). A Ctrl-C is published in the
+  key-value store and re-raised as a SIGTERM to XLA (`signals.hand_over`). Without `jax.distributed`
   (one process) the signal is caught in Python and the next iteration is the agreed step.
   """
 
   def __init__(self):
     self._sync = distributed.global_state.preemption_sync_manager
+    self._client = distributed.global_state.client
     self._iteration = 0
     self.agreed_step: int | None = None
+    self.signal_name = signal.SIGTERM.name  # which signal the agreed step answers, once agreed
+    signals.install_interrupt()  # also under stock paxml main
     if self._sync is None:
       if not signals.is_installed():
         signals.install()
-    elif signals.received():
-      # SIGTERM came before jax.distributed.initialize replaced our handler with XLA's notifier
-      # (at the C level: Python's signal.getsignal still reports ours). Hand it over.
-      logging.info('[autockpt] Passing an early %s to XLA\'s preemption notifier.',
-                   signals.name(signals.received()[0]))
-      signals.redeliver()
-
-  @property
-  def signal_name(self) -> str:
+      return
     got = signals.received()
-    return signals.name(got[0]) if got and self._sync is None else signal.SIGTERM.name
+    if got:
+      # Came before jax.distributed.initialize replaced our SIGTERM handler with XLA's notifier (at the
+      # C level: Python's signal.getsignal still reports ours). Hand it over.
+      logging.info('[autockpt] Passing an early %s to XLA\'s preemption notifier.', signals.name(got[0]))
+    signals.hand_over(self._publish_interrupt)
+
+  def _publish_interrupt(self) -> None:
+    """Runs in the Ctrl-C watcher thread, before the SIGTERM that starts the agreement."""
+    try:
+      self._client.key_value_set(f'{_INTERRUPT_PREFIX}{distributed.global_state.process_id}', 'SIGINT')
+    except Exception as e:  # pylint: disable=broad-except  (the save matters more than the exit code)
+      logging.warning('[autockpt] could not tell the other hosts about Ctrl-C: %s', e)
+
+  def _agreed_signal(self) -> str:
+    """SIGINT if any host got a Ctrl-C (published before its SIGTERM reached XLA), else SIGTERM."""
+    if self._sync is None:
+      got = signals.received()
+      return signals.name(got[0]) if got else signal.SIGTERM.name
+    if signals.interrupted():
+      return signal.SIGINT.name
+    try:
+      published = self._client.key_value_dir_get(_INTERRUPT_PREFIX)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning('[autockpt] could not read the hosts\' Ctrl-C flags: %s', e)
+      published = []
+    return signal.SIGINT.name if published else signal.SIGTERM.name
 
   def check(self, step: int) -> bool:
     """Called once per loop iteration, on every host, before the step runs."""
@@ -48,6 +73,7 @@ class PreemptionWatcher:
       self._iteration += 1
       if hit:
         self.agreed_step = step
+        self.signal_name = self._agreed_signal()
     return self.agreed_step == step
 
   def is_agreed(self, step: int) -> bool:

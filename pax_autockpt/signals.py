@@ -1,42 +1,177 @@
-"""Preemption signals caught in Python, for the stretches XLA's preemption notifier does not cover.
+"""Preemption signals caught in Python, for the stretches XLA's preemption notifier does not cover, and Ctrl-C.
 
 XLA installs its own SIGTERM notifier when `jax.distributed` is initialised. Before that (imports,
 flag parsing) and in jobs without `jax.distributed`, a SIGTERM would kill the process outright;
 this module records it instead. A signal is process-wide, so the record is too.
+
+Ctrl-C (SIGINT) is never XLA's: the first one is recorded like a SIGTERM (the agreed step is saved, then
+the process exits 130), a second one aborts at once. Python runs signal handlers only in the main thread
+and only between bytecodes, so a main thread stuck in C (an XLA compile, a collective, a key-value wait)
+would sit on both presses. Instead Python's own C-level handler writes every SIGINT to a wakeup pipe
+(`signal.set_wakeup_fd`), and a small thread reading it acts at once. Once XLA owns SIGTERM,
+`hand_over` makes a Ctrl-C publish itself (so that every host exits 130) and then re-raise itself as a
+SIGTERM to this process: XLA's notifier then agrees on a step with every host, as for a preemption.
 """
 
 import os
 import signal
+import sys
+import threading
 import time
+from typing import Callable
+
+INTERRUPT_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports after Ctrl-C
 
 _received: list[tuple[int, float]] = []  # (signum, unix time) of the first preemption signal
+_lock = threading.RLock()  # re-entrant: the SIGTERM handler may run in the main thread while it holds it
+_state = {'interrupts': 0, 'publish': None, 'forwarded': False, 'pipe': None, 'previous': None}
 
 
 def _record(signum, frame):
   del frame
-  if not _received:
-    _received.append((signum, time.time()))
+  with _lock:
+    if not _received:
+      _received.append((signum, time.time()))
 
 
 def install() -> None:
-  """From now on a SIGTERM is recorded, not fatal (main thread only; until XLA installs its own)."""
+  """From now on a SIGTERM is recorded, not fatal, and Ctrl-C saves (main thread only; SIGTERM until XLA
+  installs its own)."""
   signal.signal(signal.SIGTERM, _record)
+  install_interrupt()
 
 
 def is_installed() -> bool:
-  """Whether Python's table has our handler (blind to XLA's C-level notifier)."""
+  """Whether Python's table has our SIGTERM handler (blind to XLA's C-level notifier)."""
   return signal.getsignal(signal.SIGTERM) is _record
 
 
 def received() -> tuple[int, float] | None:
-  """(signum, time) of the first SIGTERM recorded here, or None."""
+  """(signum, time) of the first SIGTERM or SIGINT recorded here, or None."""
   return _received[0] if _received else None
 
 
+def interrupted() -> bool:
+  """Whether this process got a Ctrl-C."""
+  return _state['interrupts'] > 0
+
+
 def redeliver() -> None:
-  """Sends the recorded signal again, to whoever handles SIGTERM now (XLA's notifier)."""
-  os.kill(os.getpid(), _received[0][0])
+  """Sends SIGTERM again, to whoever handles it now (XLA's notifier)."""
+  os.kill(os.getpid(), signal.SIGTERM)
 
 
 def name(signum: int) -> str:
   return signal.Signals(signum).name
+
+
+# --- Ctrl-C ----------------------------------------------------------------------------------
+
+
+def _python_handler(signum, frame):
+  """Runs later, in the main thread: the watcher thread has acted already. Installed only so that
+  Python's C-level handler (which writes to the wakeup pipe) stays in place."""
+  del signum, frame
+
+
+def install_interrupt() -> None:
+  """Ctrl-C handling from now on (idempotent). Outside the main thread, or where someone else owns the
+  wakeup fd, nothing changes: Python's KeyboardInterrupt stays."""
+  if _state['pipe'] is not None or threading.current_thread() is not threading.main_thread():
+    return
+  read_fd, write_fd = os.pipe()
+  os.set_blocking(write_fd, False)
+  old = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+  if old != -1:  # someone else's: leave it to them
+    signal.set_wakeup_fd(old)
+    os.close(read_fd)
+    os.close(write_fd)
+    return
+  _state['pipe'] = (read_fd, write_fd)
+  _state['previous'] = signal.signal(signal.SIGINT, _python_handler)
+  threading.Thread(target=_watch, args=(read_fd,), name='autockpt-sigint', daemon=True).start()
+  if not _state.get('fork_hook'):
+    os.register_at_fork(after_in_child=_forget_in_child)
+    _state['fork_hook'] = True
+
+
+def _forget_in_child() -> None:
+  """A forked child (no exec) would write its SIGINTs into our pipe, where they would count as this
+  process's Ctrl-C (a terminal's Ctrl-C reaches the whole process group): it gets its own handling."""
+  if _state['pipe'] is None:
+    return
+  try:
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+  except ValueError:  # not the child's main thread
+    pass
+  for fd in _state['pipe']:
+    os.close(fd)
+  _state.update(pipe=None, previous=None, interrupts=0, publish=None, forwarded=False)
+
+
+def uninstall_interrupt() -> None:
+  """Python's own Ctrl-C again (tests); the watcher thread ends when its pipe closes."""
+  if _state['pipe'] is None:
+    return
+  signal.set_wakeup_fd(-1)
+  signal.signal(signal.SIGINT, _state['previous'] or signal.default_int_handler)
+  read_fd, write_fd = _state['pipe']
+  os.close(write_fd)
+  _state.update(pipe=None, previous=None)
+  del read_fd  # the watcher reads EOF and closes it
+
+
+def _watch(read_fd: int) -> None:
+  """The watcher thread: one byte per signal that has a Python handler; it acts on SIGINT only."""
+  while True:
+    try:
+      data = os.read(read_fd, 64)
+    except OSError:
+      return
+    if not data:
+      os.close(read_fd)
+      return
+    for signum in data:
+      if signum == signal.SIGINT:
+        _on_interrupt()
+
+
+def _on_interrupt() -> None:
+  """The first Ctrl-C is a preemption that exits 130; the second ends the process now."""
+  _state['interrupts'] += 1
+  if _state['interrupts'] > 1:
+    _say('second Ctrl-C: aborting now; steps since the last committed checkpoint are lost.')
+    os._exit(INTERRUPT_EXIT_CODE)  # pylint: disable=protected-access
+  _say('Ctrl-C: saving at the step every host agrees on, then exiting 130; Ctrl-C again aborts at once.')
+  _record(signal.SIGINT, None)
+  _forward_interrupt()
+
+
+def hand_over(publish: Callable[[], None]) -> None:
+  """XLA's notifier owns SIGTERM from now on: an early SIGTERM recorded here goes to it now, and a
+  Ctrl-C (recorded already or later) first calls `publish`, then becomes a SIGTERM to this process."""
+  with _lock:
+    _state['publish'] = publish
+  got = received()
+  if got and got[0] == signal.SIGTERM:
+    redeliver()
+  _forward_interrupt()
+
+
+def _forward_interrupt() -> None:
+  """Once: publish the Ctrl-C, then hand XLA a SIGTERM (the publication first, so that every host can
+  see it by the time any of them reaches the agreed step)."""
+  with _lock:
+    publish = _state['publish']
+    if publish is None or not _state['interrupts'] or _state['forwarded']:
+      return
+    _state['forwarded'] = True
+  try:
+    publish()
+  finally:
+    redeliver()
+
+
+def _say(message: str) -> None:
+  print(f'[autockpt] {message}', file=sys.stderr, flush=True)

@@ -44,13 +44,20 @@ def tb_scalars(job_log_dir) -> dict[str, list[tuple[int, float]]]:
   return out
 
 
+def reset_signals() -> None:
+  """No signal recorded, no Ctrl-C watcher: pytest's own SIGINT handling again."""
+  signals.uninstall_interrupt()
+  signals._received.clear()  # pylint: disable=protected-access
+  signals._state.update(interrupts=0, publish=None, forwarded=False)  # pylint: disable=protected-access
+
+
 @pytest.fixture
 def clean_signals():
-  """The SIGTERM record empty, and the process's SIGTERM handler as it was, around a test."""
+  """The signal record empty, and the process's SIGTERM/SIGINT handling as it was, around a test."""
   saved = signal.getsignal(signal.SIGTERM)
-  signals._received.clear()  # pylint: disable=protected-access
+  reset_signals()
   yield
-  signals._received.clear()  # pylint: disable=protected-access
+  reset_signals()
   signal.signal(signal.SIGTERM, saved)
 
 

@@ -215,9 +215,10 @@ STATE = train_states.TrainState(step=jnp.zeros((), jnp.int32), mdl_vars={'w': jn
                                 opt_states=[{'m': jnp.ones(4, jnp.float32)}])
 
 
-def preempt() -> None:
-  """What the SIGTERM handler does (no real signal: the test process must survive a mistake)."""
-  signals._record(signal.SIGTERM, None)  # pylint: disable=protected-access
+def preempt(signum: int = signal.SIGTERM) -> None:
+  """What the SIGTERM handler (or the Ctrl-C watcher) does, without a real signal: the test process must
+  survive a mistake."""
+  signals._record(signum, None)  # pylint: disable=protected-access
 
 
 def wrap(job_log_dir, settings: settings_lib.Settings | None = None, metrics=None, **fake_kwargs

@@ -2,6 +2,7 @@
 
 import errno
 import logging
+import signal
 
 from paxml import executors
 import pytest
@@ -43,11 +44,11 @@ def autockpt_errors(caplog):
           if r.levelno >= logging.ERROR and r.getMessage().startswith('[autockpt]')]
 
 
-def train(ckpt, steps, preempt_at=None):
+def train(ckpt, steps, preempt_at=None, signum=signal.SIGTERM):
   """Pax's loop as far as the checkpointer sees it: save_if_needed before each step."""
   for step in steps:
     if step == preempt_at:
-      fakes.preempt()
+      fakes.preempt(signum)
     ckpt.save_if_needed(step, STATE)
 
 
@@ -61,6 +62,18 @@ def test_preempted_exits_with_the_configured_code_and_exit_event_last(run, job, 
   assert [e['event'] for e in fakes.events(job)] == ['preemption', 'save_started', 'save_committed', 'exit']
   last = fakes.events(job)[-1]
   assert (last['code'], last['step']) == (code, 7)
+
+
+@pytest.mark.parametrize('settings', [settings_lib.Settings(), settings_lib.Settings(exit_code=99)])
+def test_ctrl_c_exits_130_whatever_the_preemption_code(run, job, settings):
+  """A Ctrl-C is saved like a preemption but exits 130: a person stopped the run, no scheduler should
+  restart it as preempted."""
+  with pytest.raises(SystemExit) as exited:
+    run(lambda ckpt: train(ckpt, range(1, 100), preempt_at=7, signum=signal.SIGINT), settings)
+  assert exited.value.code == 130
+  assert fakes.events(job, 'preemption')[0]['signal'] == 'SIGINT'
+  assert [e['event'] for e in fakes.events(job)] == ['preemption', 'save_started', 'save_committed', 'exit']
+  assert (fakes.events(job)[-1]['code'], fakes.events(job)[-1]['step']) == (130, 7)
 
 
 def test_save_failed_exits_1_with_one_error_line(run, job, caplog):

@@ -16,7 +16,7 @@ from pax_autockpt import executor as executor_lib
 from pax_autockpt.experiment import AutockptMixin
 
 PREFIX = 'experiments.lm_cloud_autockpt.'
-NAMES = ['LmCloudSpmd2BAutockpt', 'LmCloudSpmd2BMultisliceAutockpt',
+NAMES = ['LmCloudSpmd2BAutockpt', 'LmCloudSpmd2BMultisliceAutockpt', 'LmCloudSpmd2BMultislice16Autockpt',
          'LmCloudSpmd2BContinuousAutockpt', 'LmCloudSpmdTinyAutockpt',
          'LmCloudSpmdTinyMultisliceAutockpt', 'LmCloudSpmdTinyContinuousAutockpt']
 
@@ -52,6 +52,7 @@ def test_cpu_twins_are_tagged_for_abstract_init():
 @pytest.mark.parametrize('name,ici,dcn', [
     ('LmCloudSpmd2BAutockpt', [1, 8, 1], [1, 1, 1]),
     ('LmCloudSpmd2BMultisliceAutockpt', [1, 4, 1], [2, 1, 1]),
+    ('LmCloudSpmd2BMultislice16Autockpt', [1, 8, 1], [2, 1, 1]),
     ('LmCloudSpmdTinyAutockpt', [1, 1, 1], [1, 1, 1]),
 ])
 def test_mesh_shapes(name, ici, dcn):

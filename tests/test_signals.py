@@ -1,33 +1,54 @@
-"""The Python-side SIGTERM record and the single-process preemption watcher (real signals)."""
+"""The Python-side signal record, Ctrl-C, and the single-process preemption watcher (real signals)."""
 
 import os
 import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
 
 import pytest
 
 from pax_autockpt import preemption
 from pax_autockpt import signals
 
+pytestmark = pytest.mark.usefixtures('clean_signals')
 
-@pytest.fixture
-def clean_signals():
-  saved = signal.getsignal(signal.SIGTERM)
-  signals._received.clear()  # pylint: disable=protected-access
-  yield
-  signals._received.clear()  # pylint: disable=protected-access
-  signal.signal(signal.SIGTERM, saved)
+# A process whose main thread is stuck in C (a condition variable nobody signals), where Python's own
+# signal handlers never get to run: as during an XLA compile or a collective.
+_STUCK_IN_C = textwrap.dedent('''
+    import ctypes
+    from pax_autockpt import signals
+    signals.install()
+    print('ready', flush=True)
+    libc = ctypes.CDLL(None)
+    mutex, cond = ctypes.create_string_buffer(64), ctypes.create_string_buffer(64)
+    libc.pthread_mutex_lock(mutex)
+    libc.pthread_cond_wait(cond, mutex)
+''')
 
 
-def test_sigterm_is_recorded_not_fatal(clean_signals):
+def _wait_for(condition, timeout=5.0):
+  deadline = time.time() + timeout
+  while not condition():
+    if time.time() > deadline:
+      return False
+    time.sleep(0.01)
+  return True
+
+
+def test_sigterm_is_recorded_not_fatal():
   signals.install()
   assert signals.is_installed() and signals.received() is None
   os.kill(os.getpid(), signal.SIGTERM)
   os.kill(os.getpid(), signal.SIGTERM)  # a second one changes nothing
   signum, when = signals.received()
   assert signum == signal.SIGTERM and when > 0 and signals.name(signum) == 'SIGTERM'
+  assert not signals.interrupted()
 
 
-def test_single_process_watcher_agrees_on_the_next_step(clean_signals):
+def test_single_process_watcher_agrees_on_the_next_step():
   watcher = preemption.PreemptionWatcher()  # no jax.distributed here: Python fallback
   assert signals.is_installed()
   assert [watcher.check(s) for s in (10, 11)] == [False, False]
@@ -36,3 +57,103 @@ def test_single_process_watcher_agrees_on_the_next_step(clean_signals):
   assert watcher.agreed_step == 12 and watcher.is_agreed(12) and not watcher.is_agreed(13)
   assert watcher.check(13) is False  # decided once
   assert watcher.signal_name == 'SIGTERM'
+
+
+def test_one_ctrl_c_is_recorded_as_the_preemption_signal(capfd):
+  """One real SIGINT to this process: recorded by the watcher thread, no KeyboardInterrupt; the
+  single-process watcher then agrees on the next step and names SIGINT."""
+  watcher = preemption.PreemptionWatcher()
+  assert watcher.check(5) is False
+  os.kill(os.getpid(), signal.SIGINT)
+  assert _wait_for(signals.interrupted), 'the Ctrl-C watcher did not see SIGINT'
+  assert signals.received()[0] == signal.SIGINT
+  assert watcher.check(6) is True and watcher.signal_name == 'SIGINT'
+  assert 'Ctrl-C: saving at the step every host agrees on' in capfd.readouterr().err
+
+
+@pytest.mark.parametrize('ctrl_c_first', [True, False])
+def test_hand_over_publishes_before_the_sigterm_and_only_once(ctrl_c_first):
+  """With XLA owning SIGTERM, a Ctrl-C (before or after the hand-over) is published first, then becomes
+  one SIGTERM to this process: the order every host relies on to see the publication at the agreed step."""
+  seen = []
+  signals.install()
+  signal.signal(signal.SIGTERM, lambda signum, frame: seen.append('SIGTERM'))  # stands in for XLA's notifier
+  publish = lambda: seen.append('publish')
+  if ctrl_c_first:
+    os.kill(os.getpid(), signal.SIGINT)
+    assert _wait_for(signals.interrupted)
+    assert seen == []  # nobody to hand it to yet
+    signals.hand_over(publish)
+  else:
+    signals.hand_over(publish)
+    assert seen == []
+    os.kill(os.getpid(), signal.SIGINT)
+  assert _wait_for(lambda: seen == ['publish', 'SIGTERM']), seen
+  signals.hand_over(publish)  # a second hand-over (a second watcher) forwards nothing again
+  time.sleep(0.2)
+  assert seen == ['publish', 'SIGTERM']
+
+
+def test_early_sigterm_is_redelivered_at_hand_over():
+  seen = []
+  signals.install()
+  os.kill(os.getpid(), signal.SIGTERM)  # recorded by our handler
+  signal.signal(signal.SIGTERM, lambda signum, frame: seen.append('SIGTERM'))
+  signals.hand_over(lambda: seen.append('publish'))
+  assert _wait_for(lambda: seen == ['SIGTERM']), seen  # nothing published: not a Ctrl-C
+
+
+def test_uninstall_ends_the_watcher_thread():
+  signals.install_interrupt()
+  assert any(t.name == 'autockpt-sigint' for t in threading.enumerate())
+  signals.uninstall_interrupt()
+  assert _wait_for(lambda: not any(t.name == 'autockpt-sigint' for t in threading.enumerate()))
+  assert signal.getsignal(signal.SIGINT) is not signals._python_handler  # pylint: disable=protected-access
+
+
+def test_second_ctrl_c_aborts_at_once_even_with_the_main_thread_stuck_in_c(tmp_path):
+  """Real process, main thread blocked in C: the first SIGINT is noted at once (the process lives on),
+  the second ends it with 130 at once. Python's own handlers would not run before the C call returns."""
+  out, err = tmp_path / 'out', tmp_path / 'err'
+  with open(out, 'wb') as o, open(err, 'wb') as e:
+    proc = subprocess.Popen([sys.executable, '-c', _STUCK_IN_C], stdout=o, stderr=e, cwd=os.getcwd(),
+                            start_new_session=True)
+  try:
+    assert _wait_for(lambda: 'ready' in out.read_text(), timeout=60), err.read_text()
+    time.sleep(0.2)  # into pthread_cond_wait
+    proc.send_signal(signal.SIGINT)
+    assert _wait_for(lambda: 'Ctrl-C: saving' in err.read_text(), timeout=3), err.read_text()
+    assert proc.poll() is None
+    sent = time.time()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=3) == 130
+    assert time.time() - sent < 2.0
+    assert 'second Ctrl-C: aborting now' in err.read_text()
+    assert 'KeyboardInterrupt' not in err.read_text()
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+
+
+def test_a_forked_child_s_ctrl_c_is_not_counted_as_ours():
+  """A child forked without exec shares the wakeup pipe; its SIGINT must not count as the parent's (a
+  terminal's Ctrl-C reaches the whole process group). Run in a fresh interpreter: no JAX threads to fork."""
+  script = textwrap.dedent('''
+      import os, signal, sys, time
+      from pax_autockpt import signals
+      signals.install_interrupt()
+      pid = os.fork()
+      if pid == 0:  # the child: Python's own Ctrl-C again
+        try:
+          os.kill(os.getpid(), signal.SIGINT)
+          time.sleep(1)
+          os._exit(3)
+        except KeyboardInterrupt:
+          os._exit(0)
+      _, status = os.waitpid(pid, 0)
+      time.sleep(0.2)
+      print(os.waitstatus_to_exitcode(status), signals.interrupted())
+  ''')
+  out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=60, cwd=os.getcwd())
+  assert out.stdout.split() == ['0', 'False'], out.stderr[-2000:]

@@ -20,6 +20,7 @@ from typing import Sequence
 from pax_autockpt import hosts
 from pax_autockpt import layout
 from pax_autockpt import settings as settings_lib
+from pax_autockpt import signals
 
 # Console tail: the plugin's own lines and failures; everything goes to the host's log file.
 _TAIL = re.compile(r'\[autockpt\]|Traceback|[A-Z][A-Za-z]*Error\b|^error:|Fatal|Aborted')
@@ -90,9 +91,12 @@ def host_argv(cfg: LaunchConfig, host: int, port: int) -> list[str]:
           '--jax_cpu_enable_gloo_collectives=true']
 
 
-def host_env() -> dict[str, str]:
+def host_env(port: int | None = None) -> dict[str, str]:
+  """One CPU device per host; the coordinator (host 0) listens on loopback only, not on every address."""
   env = dict(os.environ)
   env.setdefault('JAX_PLATFORMS', 'cpu')
+  if port is not None:
+    env['JAX_COORDINATOR_BIND_ADDRESS'] = f'127.0.0.1:{port}'
   xla_flags = re.sub(r'--xla_force_host_platform_device_count=\S+', '', env.get('XLA_FLAGS', ''))
   env['XLA_FLAGS'] = (xla_flags + ' --xla_force_host_platform_device_count=1').strip()
   return env
@@ -150,10 +154,12 @@ def launch(cfg: LaunchConfig) -> int:
   log_dir.mkdir(parents=True, exist_ok=True)
   print(f'[launch] {cfg.num_hosts} hosts in {cfg.num_slices} slice(s), coordinator 127.0.0.1:{port}, '
         f'logs {log_dir}/host<i>.log', flush=True)
-  children = [_Host(i, host_argv(cfg, i, port), host_env(), os.fspath(layout.host_log_path(job_log_dir, i)))
+  children = [_Host(i, host_argv(cfg, i, port), host_env(port), os.fspath(layout.host_log_path(job_log_dir, i)))
               for i in range(cfg.num_hosts)]
 
   def forward(signum, frame):
+    """Once per signal received: the hosts run in their own sessions, so a terminal's Ctrl-C reaches
+    them only through here (a second Ctrl-C, forwarded again, makes them abort)."""
     del frame
     print(f'[launch] forwarding {signal.Signals(signum).name} to every host', flush=True)
     for child in children:
@@ -168,7 +174,8 @@ def launch(cfg: LaunchConfig) -> int:
     timer.daemon = True
     timer.start()
   try:
-    codes = _wait(children, cfg.peer_exit_secs, clean=(0, _preemption_exit_code(cfg.args)))
+    codes = _wait(children, cfg.peer_exit_secs,
+                  clean=(0, _preemption_exit_code(cfg.args), signals.INTERRUPT_EXIT_CODE))
   finally:
     for s, handler in previous.items():
       signal.signal(s, handler)

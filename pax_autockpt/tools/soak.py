@@ -193,13 +193,117 @@ def run(cycles, num_hosts, workdir, seed, exp, target_step, interval=500):
   return tally
 
 
+def _host_pids(job_dir, num_hosts, after):
+  """Each host's pid from its first `start` event stamped after `after`, or None while one is missing."""
+  pids = []
+  for host in range(num_hosts):
+    starts = [e for e in events_lib.read(job_dir, host) if e['event'] == 'start' and e['t'] >= after]
+    if not starts:
+      return None
+    pids.append(starts[0]['pid'])
+  return pids
+
+
+def _agreed(job_dir, num_hosts, restored):
+  """The step every host's newest run preempted at and exited 143 on (a failure line if they did not)."""
+  steps, problems = set(), []
+  for host, runs in enumerate(_runs(job_dir, num_hosts)):
+    run = runs[-1] if runs else [{}]
+    preemptions = [e['step'] for e in run if e['event'] == 'preemption']
+    exits = [(e['code'], e['step']) for e in run if e['event'] == 'exit']
+    if run[0].get('restored_step') != restored or len(preemptions) != 1 or exits != [(143, preemptions[0])]:
+      problems.append(f'host {host}: restored {run[0].get("restored_step")}, preemptions {preemptions}, '
+                      f'exits {exits}')
+    steps.update(preemptions)
+  committed = _committed(job_dir)
+  if len(steps) != 1 or not steps <= committed:
+    problems.append(f'agreed steps {sorted(steps)}, committed {sorted(committed)}')
+  return (steps.pop() if len(steps) == 1 else None), problems
+
+
+def scale(num_hosts, workdir, preempt_host=5, exp='experiments.lm_cloud_autockpt.LmCloudSpmdTinyMultisliceAutockpt'):
+  """`make soak`'s many-host case: N local hosts (one CPU device each) in 2 slices; SIGTERM to one host only
+  -> every host commits the same step and exits 143; a relaunch restores that step on every host, trains,
+  and a SIGTERM to the launcher stops them all at one later step. Returns the figures and any failures."""
+  job_dir = os.path.join(workdir, 'job')
+  argv = [sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', f'--num_hosts={num_hosts}', '--num_slices=2',
+          '--', f'--exp={exp}', f'--job_log_dir={job_dir}']
+  out = {'num_hosts': num_hosts, 'preempt_host': preempt_host, 'failures': []}
+  started = time.time()
+  job = process.Job(argv, os.path.join(workdir, 'launch1.log'))
+  try:
+    pids = _until(lambda: _host_pids(job_dir, num_hosts, started), job, 900)
+    log = os.fspath(layout.host_log_path(job_dir, preempt_host))
+    _until(lambda: re.search(r'Step `[1-9]\d*` completed', _text(log)), job, 900)
+    out['start_to_training_s'] = round(time.time() - started, 1)
+    sent = time.time()
+    os.kill(pids[preempt_host], signal.SIGTERM)  # one host only, as a maintenance event on one VM
+    out['launcher_exit'] = job.wait(300)
+    out['sigterm_to_all_exited_s'] = round(time.time() - sent, 2)
+  finally:
+    job.kill()
+  step, problems = _agreed(job_dir, num_hosts, restored=None)
+  out.update(agreed_step=step)
+  out['failures'] += problems + ([] if out['launcher_exit'] == 143 else [f'launcher exit {out["launcher_exit"]}'])
+  if step is None:
+    return out
+  again = time.time()
+  job = process.Job(argv, os.path.join(workdir, 'launch2.log'))
+  try:
+    _until(lambda: _host_pids(job_dir, num_hosts, again), job, 900)
+    out['restart_to_all_restored_s'] = round(time.time() - again, 1)
+    _until(lambda: _last_step(log) >= step + 3, job, 900)  # trained on from the restored step
+    job.send(signal.SIGTERM)  # the launcher forwards it to every host
+    out['relaunch_exit'] = job.wait(300)
+  finally:
+    job.kill()
+  later, problems = _agreed(job_dir, num_hosts, restored=step)
+  out.update(relaunch_agreed_step=later)
+  out['failures'] += problems + ([] if out['relaunch_exit'] == 143 else [f'relaunch exit {out["relaunch_exit"]}'])
+  return out
+
+
+def _last_step(log):
+  steps = [int(n) for n in re.findall(r'Step `(\d+)` completed', _text(log))]
+  return steps[-1] if steps else -1
+
+
+def _text(path):
+  if not os.path.exists(path):
+    return ''
+  with open(path, errors='replace') as f:
+    return f.read()
+
+
+def _until(value, job, timeout):
+  """Polls value() until it is truthy; raises if the job ended or the time ran out first."""
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    got = value()
+    if got:
+      return got
+    if job.proc.poll() is not None:
+      raise RuntimeError(f'the launcher exited {job.proc.returncode} early:\n{job.log()[-3000:]}')
+    time.sleep(0.5)
+  raise TimeoutError(f'gave up after {timeout} s:\n{job.log()[-3000:]}')
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(prog='python -m pax_autockpt.tools.soak', description=__doc__)
   parser.add_argument('--cycles', type=int, default=30)
   parser.add_argument('--num_hosts', type=int, default=1)
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--workdir', default=None)
+  parser.add_argument('--scale', type=int, default=None, metavar='N',
+                      help='instead of chaos cycles: N hosts, SIGTERM to host 5 only, relaunch (see scale())')
   args = parser.parse_args(argv)
+  if args.scale:
+    workdir = args.workdir or tempfile.mkdtemp(prefix='autockpt-scale-')
+    os.makedirs(workdir, exist_ok=True)
+    start = time.time()
+    out = scale(args.scale, workdir, preempt_host=min(5, args.scale - 1))
+    print('[soak] ' + json.dumps(out | {'secs': round(time.time() - start)}), flush=True)
+    return 0 if not out['failures'] else 1
   # One host trains ~150 steps/s: 30 cycles would pass the tiny model's 2000 steps long before the
   # last signal. Two hosts train ~20 steps/s, so they save more often.
   exp, target, interval = (

@@ -11,7 +11,8 @@ blocking, save duration, interval, requests per save), ondemand_<size>_<storage>
 the storage's own limit for the same bytes), stock_<size> (SIGTERM -> exit vs stock paxml), restart,
 hook, decision, formats_<storage> (zarr vs OCDBT), notices_<size> (notice -> committed), noticestart
 (start-up with notices auto and no server vs off), checksums (the manifest's cost; verification vs
-restore), adaptive (the self-set interval against the Young/Daly optimum).
+restore), adaptive (the self-set interval against the Young/Daly optimum), decision_scale (the save
+decision's protocol at 8 to 1,024 simulated hosts, no model; not in the default set: ~20 minutes).
 """
 
 import argparse
@@ -45,6 +46,8 @@ def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
     return scenarios.restart(storage, args.pairs)
   if kind == 'hook':
     return scenarios.hook_cost(storage, args.pairs, args.secs)
+  if name == 'decision_scale':
+    return scenarios.decision_scale(args.pairs)
   if kind == 'decision':
     return scenarios.decision(storage, args.pairs, args.secs)
   if kind == 'formats':
@@ -57,7 +60,7 @@ def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
     return scenarios.checksums(storage, args.pairs, args.secs)
   if kind == 'adaptive':
     return scenarios.adaptive(storage, args.pairs)
-  raise SystemExit(f'error: unknown scenario {name!r}: choose from {DEFAULT}')
+  raise SystemExit(f'error: unknown scenario {name!r}: choose from {DEFAULT},decision_scale')
 
 
 def _storage_of(name: str) -> str:

@@ -348,3 +348,61 @@ def adaptive(storage: Storage, pairs: int, mtbf_hours: float = 0.2) -> list[Figu
   return [Figure(f'adaptive interval / Young-Daly optimum afterwards, MTBF {mtbf_hours} h, tiny, {storage.name}',
                  'x', ratio),
           Figure(f'adaptive interval at the end, MTBF {mtbf_hours} h, tiny, {storage.name}', 's', interval)]
+def decision_scale(pairs: int, clients: tuple[int, ...] = (8, 32, 128, 512, 1024)) -> list[Figure]:
+  """The primary-decides protocol at many hosts, without a model (pax_autockpt.tools.decision_sim): the
+  decision latency a step pays and the coordinator's CPU per step, exchanging the decision every step
+  (the protocol before) against every `decision_interval(hosts)` steps (now), both above the floor of
+  hosts that decide alone (this machine's own thread wake-up jitter, which has nothing to do with the
+  protocol). Rounds alternate the arms at each client count."""
+  from pax_autockpt import agreement  # pylint: disable=g-import-not-at-top
+  from pax_autockpt.tools import decision_sim  # pylint: disable=g-import-not-at-top
+  arms = {'floor': 0, 'before': 1, 'now': None}
+  got = {(n, a): [] for n in clients for a in arms}
+  for i in range(pairs):
+    for n in clients:
+      for arm, interval in arms.items():
+        got[n, arm].append(decision_sim.measure(n, interval=interval))
+        r = got[n, arm][-1]
+        measure.say(f'decision_scale #{i} {n} hosts {arm} (interval {r.interval}): {r.latency_ms_per_step:.2f} '
+                    f'ms/step, coordinator {r.coordinator_cpu_ms_per_step:.2f} ms CPU/step, hosts '
+                    f'{r.hosts_cpu_pct:.0f}% CPU')
+  figures = []
+  for n in clients:
+    figures += _decision_figures(n, agreement.decision_interval(n), got)
+  return figures + _extrapolated(clients, got)
+
+
+def _decision_figures(n: int, k: int, got: dict) -> list[Figure]:
+  """Per client count: latency above the floor and coordinator CPU, now against before."""
+  floor = [r.latency_ms_per_step for r in got[n, 'floor']]
+  above = {a: [r.latency_ms_per_step - f for r, f in zip(got[n, a], floor)] for a in ('before', 'now')}
+  cpu = {a: [r.coordinator_cpu_ms_per_step for r in got[n, a]] for a in ('before', 'now')}
+  every = f'every {k} steps' if k > 1 else 'every step (unchanged)'
+  return [
+      Figure(f'{n} hosts: decision latency per step above the floor, exchange {every} vs every step', 'ms',
+             above['now'], above['before'], 'every step'),
+      Figure(f'{n} hosts: coordinator CPU per step, exchange {every} vs every step', 'ms', cpu['now'],
+             cpu['before'], 'every step'),
+      Figure(f'{n} hosts: latency of a step with an exchange P50, {every}', 'ms',
+             [r.latency_ms_exchange_p50 for r in got[n, 'now']]),
+      Figure(f'{n} hosts: floor: latency per step with nothing exchanged (hosts decide alone)', 'ms', floor),
+      Figure(f'{n} hosts: simulated hosts\' own CPU during the loop (100 = one core), every step', '%',
+             [r.hosts_cpu_pct for r in got[n, 'before']]),
+  ]
+
+
+def _extrapolated(clients: tuple[int, ...], got: dict, to: int = 1024) -> list[Figure]:
+  """Per round, a least-squares line through the client counts below `to`, evaluated at `to` hosts."""
+  from pax_autockpt.tools import decision_sim  # pylint: disable=g-import-not-at-top
+  fit = [n for n in clients if n < to]
+  if len(fit) < 2:
+    return []
+  figures = []
+  for arm, label in (('before', 'every step'), ('now', 'now')):
+    rounds = range(len(got[fit[0], arm]))
+    for field, name in (('latency_ms_per_step', 'decision latency per step'),
+                        ('coordinator_cpu_ms_per_step', 'coordinator CPU per step')):
+      values = [decision_sim.extrapolate([got[n, arm][i] for n in fit], field, to) for i in rounds]
+      figures.append(Figure(f'{name} at {to} hosts, extrapolated from {fit[0]}-{fit[-1]}, exchange {label}',
+                            'ms', values))
+  return figures

@@ -1,0 +1,88 @@
+"""End to end, Ctrl-C: real paxml processes, real SIGINT. The first saves the agreed step and exits 130."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from pax_autockpt import events as events_lib
+from pax_autockpt import layout
+from pax_autockpt.tools import process
+from tests.conftest import assert_restorable
+from tests.conftest import checkpoint_steps
+from tests.test_e2e_multihost import _launch
+from tests.test_e2e_multihost import _run_events
+from tests.test_e2e_multihost import _wait_event
+from tests.test_e2e_multihost import _wait_training
+
+pytestmark = pytest.mark.e2e
+
+STEP_DONE = r'\[PAX STATUS\]: Step `\d+` completed'
+CTRL_C_LINE = '[autockpt] Ctrl-C: saving at the step every host agrees on'
+
+
+def _assert_interrupted_at_one_step(job_dir, num_hosts, restored) -> int:
+  """Every host's newest run: restored `restored`, one preemption by SIGINT at the same step, that step
+  committed, exit 130 there."""
+  steps = set()
+  for host in range(num_hosts):
+    run = _run_events(job_dir, host)
+    assert run[0]['restored_step'] == restored, run[0]
+    preemption = [(e['step'], e['signal']) for e in run if e['event'] == 'preemption']
+    exits = [(e['code'], e['step']) for e in run if e['event'] == 'exit']
+    assert len(preemption) == 1 and preemption[0][1] == 'SIGINT', (host, run)
+    assert exits == [(130, preemption[0][0])], (host, run)
+    steps.add(preemption[0][0])
+  assert len(steps) == 1, f'hosts disagree on the step: {steps}'
+  step = steps.pop()
+  complete, incomplete = checkpoint_steps(job_dir)
+  assert max(complete) == step and incomplete == []
+  assert_restorable(job_dir, step)
+  return step
+
+
+def test_one_host_ctrl_c_saves_exits_130_and_the_next_run_restores(jobs, job_dir, tmp_path):
+  job = process.Job(process.ours_argv(process.TINY_EXP, job_dir), str(tmp_path / 'run1.log'))
+  jobs.append(job)
+  job.wait_for_log(STEP_DONE)
+  time.sleep(1.0)
+  job.send(signal.SIGINT)
+  assert job.wait(120) == 130, job.log()[-3000:]
+  step = _assert_interrupted_at_one_step(job_dir, 1, restored=None)
+  assert step % 500 != 0  # off Pax's interval: the Ctrl-C save, not an interval one
+  assert job.log().count(CTRL_C_LINE) == 1 and 'KeyboardInterrupt' not in job.log()
+
+  again = process.Job(process.ours_argv(process.TINY_EXP, job_dir), str(tmp_path / 'run2.log'))
+  jobs.append(again)
+  again.wait_for_log(STEP_DONE)
+  again.kill()
+  assert [e for e in events_lib.read(job_dir) if e['event'] == 'start'][-1]['restored_step'] == step
+
+
+def test_ctrl_c_on_one_host_or_through_the_launcher_stops_every_host_at_one_step(jobs, job_dir, tmp_path):
+  """SIGINT to host 1 only: both hosts save the same step and exit 130. Then a terminal's Ctrl-C (SIGINT
+  to the launcher's process group): it reaches each host once, through the launcher, and all exit 130."""
+  first = _launch(jobs, job_dir, str(tmp_path / 'launch1.log'), 2)
+  _wait_training(job_dir, 1, first)
+  os.kill(events_lib.read(job_dir, 1)[0]['pid'], signal.SIGINT)
+  assert first.wait(120) == 130, first.log()[-3000:]
+  step = _assert_interrupted_at_one_step(job_dir, 2, restored=None)
+  assert 'host 0 exit code 130' in first.log() and 'host 1 exit code 130' in first.log()
+
+  logs = [os.fspath(layout.host_log_path(job_dir, host)) for host in (0, 1)]
+  seen = [os.path.getsize(log) for log in logs]  # host logs are appended to: this launch's part only
+  relaunch_t = time.time()
+  second = _launch(jobs, job_dir, str(tmp_path / 'launch2.log'), 2)
+  for host in (0, 1):
+    _wait_event(job_dir, host, 'start', second, after=relaunch_t)
+  time.sleep(5.0)
+  os.killpg(second.pid, signal.SIGINT)  # what a terminal does: the launcher's whole process group
+  assert second.wait(120) == 130, second.log()[-3000:]
+  assert _assert_interrupted_at_one_step(job_dir, 2, restored=step) >= step
+  assert second.log().count('[launch] forwarding SIGINT to every host') == 1
+  for host in (0, 1):
+    with open(logs[host], 'rb') as f:
+      log = f.read()[seen[host]:].decode(errors='replace')
+    assert log.count(CTRL_C_LINE) == 1, f'host {host} saw {log.count(CTRL_C_LINE)} Ctrl-C'
+    assert 'second Ctrl-C' not in log
