@@ -28,7 +28,7 @@ lint: venv
 	$(VENV)/bin/ruff check pax_autockpt experiments tests
 
 test: venv lint
-	$(PYTEST) -q -rs -n 2 --dist loadfile
+	$(PYTEST) -q -rs -n 2 --dist loadgroup
 
 # Unit and registry tests only (no real training processes).
 test-fast: venv

@@ -51,6 +51,14 @@ def reset_signals() -> None:
   signals._state.update(interrupts=0, publish=None, forwarded=False)  # pylint: disable=protected-access
 
 
+@pytest.fixture(autouse=True)
+def absl_info_logs():
+  """Tests read the plugin's INFO lines (caplog); absl's own level may have been raised by an earlier
+  test in the same worker (absl flag parsing sets it)."""
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  absl_logging.set_verbosity(absl_logging.INFO)
+
+
 @pytest.fixture
 def clean_signals():
   """The signal record empty, and the process's SIGTERM/SIGINT handling as it was, around a test."""

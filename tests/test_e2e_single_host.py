@@ -16,7 +16,8 @@ from tests.conftest import checkpoint_steps
 from tests.conftest import events_of
 from tests.conftest import tb_scalars
 
-pytestmark = pytest.mark.e2e
+# One worker runs this file's tests: they share the module's preempted run.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group('single_host')]
 
 EXP = process.TINY_EXP
 STEP_DONE = r'\[PAX STATUS\]: Step `\d+` completed'
