@@ -9,10 +9,8 @@ import pytest
 from pax_autockpt import events as events_lib
 from pax_autockpt import layout
 from pax_autockpt.tools import process
-from tests.conftest import assert_restorable
-from tests.conftest import checkpoint_steps
+from tests.test_e2e_multihost import _assert_all_preempted_at_same_step
 from tests.test_e2e_multihost import _launch
-from tests.test_e2e_multihost import _run_events
 from tests.test_e2e_multihost import _wait_event
 from tests.test_e2e_multihost import _wait_training
 
@@ -23,23 +21,8 @@ CTRL_C_LINE = '[autockpt] Ctrl-C: saving at the step every host agrees on'
 
 
 def _assert_interrupted_at_one_step(job_dir, num_hosts, restored) -> int:
-  """Every host's newest run: restored `restored`, one preemption by SIGINT at the same step, that step
-  committed, exit 130 there."""
-  steps = set()
-  for host in range(num_hosts):
-    run = _run_events(job_dir, host)
-    assert run[0]['restored_step'] == restored, run[0]
-    preemption = [(e['step'], e['signal']) for e in run if e['event'] == 'preemption']
-    exits = [(e['code'], e['step']) for e in run if e['event'] == 'exit']
-    assert len(preemption) == 1 and preemption[0][1] == 'SIGINT', (host, run)
-    assert exits == [(130, preemption[0][0])], (host, run)
-    steps.add(preemption[0][0])
-  assert len(steps) == 1, f'hosts disagree on the step: {steps}'
-  step = steps.pop()
-  complete, incomplete = checkpoint_steps(job_dir)
-  assert max(complete) == step and incomplete == []
-  assert_restorable(job_dir, step)
-  return step
+  """Every host's newest run: one preemption by SIGINT at the same step, committed, exit 130 there."""
+  return _assert_all_preempted_at_same_step(job_dir, num_hosts, restored, code=130, signal_name='SIGINT')
 
 
 def test_one_host_ctrl_c_saves_exits_130_and_the_next_run_restores(jobs, job_dir, tmp_path):

@@ -61,15 +61,18 @@ def _run_events(job_dir, host):
   return events[last:]
 
 
-def _assert_all_preempted_at_same_step(job_dir, num_hosts, restored) -> int:
+def _assert_all_preempted_at_same_step(job_dir, num_hosts, restored, code=143, signal_name=None) -> int:
+  """Every host's newest run: restored `restored`, one preemption (by `signal_name` when given) at the
+  same step on every host, that step committed, exit `code` there."""
   steps = set()
   for host in range(num_hosts):
     run = _run_events(job_dir, host)
     assert run[0]['restored_step'] == restored and run[0]['num_hosts'] == num_hosts
-    preemption = [e['step'] for e in run if e['event'] == 'preemption']
+    preemption = [e for e in run if e['event'] == 'preemption']
     exits = [(e['code'], e['step']) for e in run if e['event'] == 'exit']
-    assert len(preemption) == 1 and exits == [(143, preemption[0])], run
-    steps.add(preemption[0])
+    assert len(preemption) == 1 and exits == [(code, preemption[0]['step'])], run
+    assert signal_name is None or preemption[0]['signal'] == signal_name, (host, run)
+    steps.add(preemption[0]['step'])
   assert len(steps) == 1, f'hosts disagree on the on-demand step: {steps}'
   step = steps.pop()
   complete, incomplete = checkpoint_steps(job_dir)

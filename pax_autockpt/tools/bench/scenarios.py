@@ -204,6 +204,20 @@ def decision(storage: Storage, pairs: int, secs: float) -> list[Figure]:
                  'Pax interval')]
 
 
+def _tiny_and_medium(storage: Storage, flags: tuple[str, ...], name: str, secs: float) -> tuple[dict, float]:
+  """One continuous tiny run (its per-save figures) and one Medium on-demand save (its duration), with
+  the same flags: the two runs every save-path comparison makes per arm."""
+  run = measure.timed_run(storage, ours('TinyAutockpt', *CONTINUOUS, *flags), f'{name}-tiny', train_secs=secs,
+                          preempt=False)
+  stats = _save_stats(run)
+  storage.clean(run.job_dir)
+  run = measure.timed_run(storage, ours('MediumAutockpt', *flags), f'{name}-medium', train_secs=3, preempt=True)
+  step = [e['step'] for e in run.events if e['event'] == 'preemption'][0]
+  saved = run.committed().get(step)
+  storage.clean(run.job_dir)
+  return stats, saved
+
+
 def formats(storage: Storage, pairs: int, secs: float) -> list[Figure]:
   """zarr (a directory and files per array) against OCDBT (one key-value database per checkpoint):
   loop blocking per continuous save of the tiny state, and the Medium on-demand save."""
@@ -212,15 +226,9 @@ def formats(storage: Storage, pairs: int, secs: float) -> list[Figure]:
   save = {'zarr': [], 'ocdbt': []}
   for i in range(pairs):
     for name, flags in (('zarr', zarr), ('ocdbt', ocdbt)):
-      run = measure.timed_run(storage, ours('TinyAutockpt', *CONTINUOUS, *flags), f'fmt-tiny-{name}-{i}',
-                              train_secs=secs, preempt=False)
-      block[name].append(_save_stats(run)['blocking_p50'])
-      storage.clean(run.job_dir)
-      run = measure.timed_run(storage, ours('MediumAutockpt', *flags), f'fmt-medium-{name}-{i}', train_secs=3,
-                              preempt=True)
-      step = [e['step'] for e in run.events if e['event'] == 'preemption'][0]
-      save[name].append(run.committed().get(step))
-      storage.clean(run.job_dir)
+      stats, saved = _tiny_and_medium(storage, flags, f'fmt-{name}-{i}', secs)
+      block[name].append(stats['blocking_p50'])
+      save[name].append(saved)
       measure.say(f'format {name} {storage.name} #{i}: tiny blocked {block[name][-1]} ms, Medium save '
                   f'{save[name][-1]} s')
   return [Figure(f'loop blocked per save P50, OCDBT vs zarr, tiny, {storage.name}', 'ms', block['ocdbt'],
@@ -287,17 +295,10 @@ def checksums(storage: Storage, pairs: int, secs: float) -> list[Figure]:
   blocking, duration, medium = {a: [] for a in arms}, {a: [] for a in arms}, {a: [] for a in arms}
   for i in range(pairs):
     for arm, flags in arms.items():
-      run = measure.timed_run(storage, ours('TinyAutockpt', *CONTINUOUS, *flags), f'ck-tiny-{arm}-{i}',
-                              train_secs=secs, preempt=False)
-      stats = _save_stats(run)
+      stats, medium_s = _tiny_and_medium(storage, flags, f'ck-{arm}-{i}', secs)
       blocking[arm].append(stats['blocking_p50'])
       duration[arm].append(stats['duration_p50'])
-      storage.clean(run.job_dir)
-      run = measure.timed_run(storage, ours('MediumAutockpt', *flags), f'ck-medium-{arm}-{i}', train_secs=3,
-                              preempt=True)
-      step = [e['step'] for e in run.events if e['event'] == 'preemption'][0]
-      medium[arm].append(run.committed().get(step))
-      storage.clean(run.job_dir)
+      medium[arm].append(medium_s)
     measure.say(f'checksums #{i}: tiny blocked {blocking["on"][-1]} / {blocking["off"][-1]} ms, saved '
                 f'{duration["on"][-1]} / {duration["off"][-1]} ms; Medium {medium["on"][-1]} / {medium["off"][-1]} s')
   figures = [Figure(f'loop blocked per save P50, checksums on vs off, tiny, {storage.name}', 'ms', blocking['on'],
