@@ -42,9 +42,11 @@ def _pct(xs, q):
   return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def _save_stats(run: measure.Run, skip: int = 2) -> dict:
-  """Per run: loop blocking P50/P90, start -> commit P50, start -> start P50, requests per save."""
-  saves = run.saves(skip=skip)
+def _save_stats(run: measure.Run) -> dict:
+  """Per run: loop blocking P50/P90, start -> commit P50, start -> start P50, requests per save. The
+  first saves are warm-up (step 0 creates the directories); two are passed over when the run made at
+  least five, else one (a slow bucket makes a few saves a minute)."""
+  saves = run.saves(skip=2 if len(run.saves()) >= 5 else 1)
   blocking = [e['blocking_s'] * 1e3 for e in saves]
   committed = run.committed()
   durations = [committed[e['step']] * 1e3 for e in saves if e['step'] in committed]
@@ -65,7 +67,7 @@ def tiny_saves(storage: Storage, pairs: int, secs: float, fmt: tuple[str, ...] =
   for i in range(pairs):
     for arm, flags in arms.items():
       run = measure.timed_run(storage, ours('TinyAutockpt', *flags, *fmt), f'tiny-{storage.name}-{arm}-{i}',
-                              train_secs=secs, preempt=False)
+                              train_secs=_tiny_secs(storage, secs), preempt=False)
       step[arm].append(measure.mean_step_secs(run.log) * 1e3)
       if arm in stats:
         stats[arm].append(_save_stats(run))
@@ -204,11 +206,17 @@ def decision(storage: Storage, pairs: int, secs: float) -> list[Figure]:
                  'Pax interval')]
 
 
+def _tiny_secs(storage: Storage, secs: float) -> float:
+  """Training seconds for a continuous tiny run: on a bucket with added latency a save of the tiny state
+  takes seconds (hundreds of requests), so the run is long enough for a few of them."""
+  return max(secs, 60.0) if storage.latency_ms else secs
+
+
 def _tiny_and_medium(storage: Storage, flags: tuple[str, ...], name: str, secs: float) -> tuple[dict, float]:
   """One continuous tiny run (its per-save figures) and one Medium on-demand save (its duration), with
   the same flags: the two runs every save-path comparison makes per arm."""
-  run = measure.timed_run(storage, ours('TinyAutockpt', *CONTINUOUS, *flags), f'{name}-tiny', train_secs=secs,
-                          preempt=False)
+  run = measure.timed_run(storage, ours('TinyAutockpt', *CONTINUOUS, *flags), f'{name}-tiny',
+                          train_secs=_tiny_secs(storage, secs), preempt=False)
   stats = _save_stats(run)
   storage.clean(run.job_dir)
   run = measure.timed_run(storage, ours('MediumAutockpt', *flags), f'{name}-medium', train_secs=3, preempt=True)
@@ -220,20 +228,26 @@ def _tiny_and_medium(storage: Storage, flags: tuple[str, ...], name: str, secs: 
 
 def formats(storage: Storage, pairs: int, secs: float) -> list[Figure]:
   """zarr (a directory and files per array) against OCDBT (one key-value database per checkpoint):
-  loop blocking per continuous save of the tiny state, and the Medium on-demand save."""
-  zarr, ocdbt = ('--tensorstore_use_ocdbt=false',), ('--tensorstore_use_ocdbt',)
-  block = {'zarr': [], 'ocdbt': []}
-  save = {'zarr': [], 'ocdbt': []}
+  per continuous save of the tiny state (loop blocking, start -> commit, storage requests), and the
+  Medium on-demand save."""
+  arms = {'zarr': ('--tensorstore_use_ocdbt=false',), 'ocdbt': ('--tensorstore_use_ocdbt',)}
+  keys = ('blocking_p50', 'duration_p50', 'requests')
+  got = {arm: {k: [] for k in (*keys, 'medium')} for arm in arms}
   for i in range(pairs):
-    for name, flags in (('zarr', zarr), ('ocdbt', ocdbt)):
-      stats, saved = _tiny_and_medium(storage, flags, f'fmt-{name}-{i}', secs)
-      block[name].append(stats['blocking_p50'])
-      save[name].append(saved)
-      measure.say(f'format {name} {storage.name} #{i}: tiny blocked {block[name][-1]} ms, Medium save '
-                  f'{save[name][-1]} s')
-  return [Figure(f'loop blocked per save P50, OCDBT vs zarr, tiny, {storage.name}', 'ms', block['ocdbt'],
-                 block['zarr'], 'zarr'),
-          Figure(f'on-demand save, OCDBT vs zarr, Medium, {storage.name}', 's', save['ocdbt'], save['zarr'], 'zarr')]
+    for arm, flags in arms.items():
+      stats, saved = _tiny_and_medium(storage, flags, f'fmt-{arm}-{i}', secs)
+      for k in keys:
+        got[arm][k].append(stats[k])
+      got[arm]['medium'].append(saved)
+      measure.say(f'format {arm} {storage.name} #{i}: tiny {stats}, Medium save {saved} s')
+  where = storage.name
+  figures = [Figure(f'{label}, OCDBT vs zarr, tiny, {where}', unit, got['ocdbt'][k], got['zarr'][k], 'zarr')
+             for k, label, unit in (('blocking_p50', 'loop blocked per save P50', 'ms'),
+                                    ('duration_p50', 'save start -> commit P50', 'ms'),
+                                    ('requests', 'storage requests per save', 'requests'))
+             if any(v is not None for v in got['zarr'][k])]
+  return figures + [Figure(f'on-demand save, OCDBT vs zarr, Medium, {where}', 's', got['ocdbt']['medium'],
+                           got['zarr']['medium'], 'zarr')]
 
 
 # --- notices, checksums, the adaptive interval -----------------------------------------------------
