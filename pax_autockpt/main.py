@@ -85,6 +85,7 @@ def _check_job_log_dir() -> None:
     _fail('--job_log_dir is required: the directory for checkpoints and logs (local or gs://).')
   path = os.fspath(FLAGS.job_log_dir)
   if layout.is_object_store(path):
+    _default_format_for_object_storage()
     return
   try:
     os.makedirs(path, exist_ok=True)
@@ -95,6 +96,16 @@ def _check_job_log_dir() -> None:
     _fail(f'--job_log_dir={path} is not writable ({e.strerror}): choose a directory you can write to.')
   # orbax refuses relative paths for OCDBT checkpoints: every save would fail.
   FLAGS.job_log_dir = epath.Path(os.path.abspath(path))
+
+
+def _default_format_for_object_storage() -> None:
+  """OCDBT on gs:// unless --tensorstore_use_ocdbt is given: a bucket pays per request, and one
+  key-value database per checkpoint takes a tiny state's save from ~570 requests to ~80 and from 12 s to
+  2 s at 30 ms per request (make bench, formats_gcs30). Checkpoints in the other format still restore:
+  orbax reads each checkpoint's own format."""
+  if not FLAGS['tensorstore_use_ocdbt'].present:
+    FLAGS.tensorstore_use_ocdbt = True
+    logging.info('[autockpt] gs:// job directory: OCDBT checkpoints (--tensorstore_use_ocdbt=false for zarr).')
 
 
 def main(argv):

@@ -153,23 +153,35 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def test_two_hosts_on_one_bucket_sigterm_to_host_1_only(jobs, gcs, tmp_path):
-  job = gcs.url('two-hosts')
+def _launch_two(jobs, job, log) -> process.Job:
+  """2 local hosts on one bucket; returns once host 1 has started training."""
   launcher = _run(jobs, [sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', '--num_hosts=2',
-                         '--', f'--exp={MULTISLICE}', f'--job_log_dir={job}'],
-                  str(tmp_path / 'launch.log'))
-  host1_log = os.fspath(layout.host_log_path(job, 1))
+                         '--', f'--exp={MULTISLICE}', f'--job_log_dir={job}'], log)
   launcher.wait_for_log(r'\[host 1\].*\[autockpt\] host 1/2, restoring step', timeout=300)
-  deadline = time.time() + 300
-  while not events_lib.read(job, 1) or 'start' not in [e['event'] for e in events_lib.read(job, 1)]:
-    assert time.time() < deadline and launcher.proc.poll() is None, launcher.log()[-3000:]
-    time.sleep(0.5)
-  time.sleep(5)
+  launcher.wait_for_log(r'\[host 1\].*\[autockpt\] interval save of step', timeout=300)  # in the loop
+  return launcher
+
+
+def test_two_hosts_on_one_bucket_sigterm_to_host_1_only_ocdbt_by_default_and_resumed(jobs, gcs, tmp_path):
+  """No format flag: gs:// gets OCDBT; SIGTERM to host 1 only -> one step everywhere, then resumed."""
+  job = gcs.url('two-hosts')
+  launcher = _launch_two(jobs, job, str(tmp_path / 'launch1.log'))
+  assert '[autockpt] gs:// job directory: OCDBT checkpoints' in launcher.log()
+  time.sleep(2)
   os.kill(events_of(job, 'start', host=1)[0]['pid'], signal.SIGTERM)
   assert launcher.wait(180) == 143, launcher.log()[-3000:]
   steps = {events_of(job, 'preemption', host=h)[0]['step'] for h in (0, 1)}
-  assert len(steps) == 1, f'hosts disagree: {steps} ({host1_log})'
+  assert len(steps) == 1, f'hosts disagree: {steps} ({layout.host_log_path(job, 1)})'
   step = steps.pop()
   assert [e['code'] for h in (0, 1) for e in events_of(job, 'exit', host=h)] == [143, 143]
   assert checkpoint_steps(job)[0][-1] == step
   assert_restorable(job, step)
+  path = layout.step_dir(layout.checkpoint_dir(job), step)
+  assert (path / 'state' / 'manifest.ocdbt').exists(), sorted(gcs.objects(f'two-hosts/checkpoints/{_name(step)}/'))
+  relaunch = _launch_two(jobs, job, str(tmp_path / 'launch2.log'))
+  deadline = time.time() + 60  # each host's start event is uploaded by a background thread
+  while {events_of(job, 'start', host=h)[-1]['restored_step'] for h in (0, 1)} != {step}:
+    assert time.time() < deadline, [events_of(job, 'start', host=h) for h in (0, 1)]
+    time.sleep(1.0)
+  relaunch.send(signal.SIGTERM)
+  assert relaunch.wait(180) == 143, relaunch.log()[-3000:]
