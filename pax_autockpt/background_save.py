@@ -58,8 +58,11 @@ def _written(shard) -> bool:
   return shard.replica_id == 0  # orbax's ArrayHandler writes replica 0 of every shard
 
 
-def to_host(tree: Any) -> Any:
-  """Every jax.Array leaf as a HostArray: all device->host copies started first, then collected."""
+def to_host(tree: Any, copy: bool = True) -> Any:
+  """Every jax.Array leaf as a HostArray: all device->host copies started first, then collected.
+
+  `copy=False` is for a save after which no step runs (the on-demand save before exiting): nothing
+  will donate the buffers, so on CPU the host data is the device buffer itself, with no copy."""
   arrays = [x for x in jax.tree_util.tree_leaves(tree) if isinstance(x, jax.Array)]
   for array in arrays:
     for shard in array.addressable_shards:
@@ -68,16 +71,16 @@ def to_host(tree: Any) -> Any:
       if _written(shard) and shard.device.platform != 'cpu':
         shard.data.copy_to_host_async()
 
-  def copy(x):
+  def host(x):
     if not isinstance(x, jax.Array):
       return x
     shards = [HostShard(s.index, s.replica_id,
-                        np.array(s.data, copy=True) if _written(s)
+                        np.array(s.data, copy=copy) if _written(s)
                         else jax.ShapeDtypeStruct(s.data.shape, s.data.dtype))
               for s in x.addressable_shards]
     return HostArray(x, shards)
 
-  return jax.tree_util.tree_map(copy, tree)
+  return jax.tree_util.tree_map(host, tree)
 
 
 def _register_with_orbax() -> None:
@@ -105,6 +108,7 @@ class BackgroundSaves:
     self._saving: tuple[int, dict[str, Any]] | None = None  # the save the background thread is running
     self._thread: threading.Thread | None = None
     self._before_commit = before_commit
+    self.last_save = False  # set by the checkpointer for a save after which no step runs: no copy
     if before_commit is not None:
       internals.write_before_commit(orbax_manager, self._write_before_commit)
     internals.use_coordination_service_for_orbax_sync()
@@ -121,7 +125,7 @@ class BackgroundSaves:
       raise NotImplementedError('orbax save with args= or metrics= (paxml 1.4.0 passes neither)')
     self.wait()
     _register_with_orbax()
-    items = {name: to_host(item) if name == 'state' else item for name, item in items.items()}
+    items = {name: to_host(item, copy=not self.last_save) if name == 'state' else item for name, item in items.items()}
     self._pending = (step, dict(items=items, save_kwargs=save_kwargs, force=force))
     return True
 

@@ -246,13 +246,13 @@ class AutockptCheckpointer:
 
   # --- saving ----------------------------------------------------------------------------------
 
-  def _save(self, step: int, reason: str, state: dict[str, Any]) -> None:
+  def _save(self, step: int, reason: str, state: dict[str, Any], last: bool = False) -> None:
     """Starts a save; the loop waits only for this step's state to be copied to host memory
     (`blocking_s`), everything else runs in the background.
 
     First it waits for the state (with JAX's async dispatch the last step may still be computing: the
     step's cost, not the save's) and for a save still in flight (an on-demand save can come during one);
-    both are `wait_s`.
+    both are `wait_s`. A `last` save (no step runs after it) saves the state without copying it.
     """
     before = time.time()
     jax.block_until_ready(state['partitioned_train_state'])
@@ -264,6 +264,7 @@ class AutockptCheckpointer:
       self._history.append(policies.CheckpointInfo.at(step, start))
     metrics = self._step_metrics.capture(step) if self._step_metrics is not None else None  # by reference
     try:
+      self._background.last_save = last
       self._inner.save_final(step, **state)  # Pax builds its items; orbax's save() takes the snapshot
     except Exception as e:  # pylint: disable=broad-except
       logging.error('[autockpt] %s save of step %d failed to start (%s); the newest committed checkpoint '
@@ -376,7 +377,7 @@ class AutockptCheckpointer:
   def _on_preemption(self, step: int, state: dict[str, Any]) -> None:
     self._events.write('preemption', step=step, signal=self._preemption.signal_name)
     logging.info('[autockpt] Preemption: every host agreed on step %d.', step)
-    self._save_unless_committed(step, 'preemption', state)
+    self._save_unless_committed(step, 'preemption', state, last=self._exit_after_ondemand)
     if self._exit_after_ondemand:
       self._exit_once_committed(step)
 
@@ -387,7 +388,7 @@ class AutockptCheckpointer:
     logging.info('[autockpt] %s notice (%s) seen by host %d: every host saves step %d.', notice.source,
                  notice.value[:100], notice.host, step)
     notices.warn_if_window_is_too_close(notice, self._durations())
-    self._save_unless_committed(step, 'notice', state)
+    self._save_unless_committed(step, 'notice', state, last=self._notice_action == 'save_and_exit')
     if self._notice_action == 'save_and_exit':
       self._exit_once_committed(step)
 
@@ -395,13 +396,13 @@ class AutockptCheckpointer:
     return [e['duration_s'] for e in events_lib.read(self._events.job_log_dir, self._events.host)
             if e['event'] == 'save_committed' and isinstance(e.get('duration_s'), (int, float))]
 
-  def _save_unless_committed(self, step: int, reason: str, state: dict[str, Any]) -> None:
+  def _save_unless_committed(self, step: int, reason: str, state: dict[str, Any], last: bool = False) -> None:
     if not self._saving:
       logging.warning('[autockpt] --enable_checkpoint_saving=false: no %s checkpoint written.', reason)
     elif self._latest_step() is not None and self._latest_step() >= step:
       logging.info('[autockpt] Step %d is already saved; nothing new to save.', step)
     else:
-      self._save(step, reason, state)
+      self._save(step, reason, state, last)
 
   def _exit_once_committed(self, step: int) -> None:
     """Waits for the step's save, then raises for the executor: Preempted, or SaveFailed."""
