@@ -10,9 +10,10 @@ request). Scenarios (see scenarios.py): tiny_<storage> (step time with continuou
 blocking, save duration, interval, requests per save), ondemand_<size>_<storage> (the on-demand save vs
 the storage's own limit for the same bytes), stock_<size> (SIGTERM -> exit vs stock paxml), restart,
 hook, decision, formats_<storage> (zarr vs OCDBT), notices_<size> (notice -> committed), noticestart
-(start-up with notices auto and no server vs off), checksums (the manifest's cost; verification vs
-restore), adaptive (the self-set interval against the Young/Daly optimum), decision_scale (the save
-decision's protocol at 8 to 1,024 simulated hosts, no model; not in the default set: ~20 minutes).
+(start-up with notices auto and no server vs off), checksums (the manifest's cost), verification
+(restore + manifest check vs restore), adaptive (the self-set interval against the Young/Daly
+optimum), decision_scale (the save decision's protocol at 8 to 1,024 simulated hosts, no model; not in
+the default set: ~20 minutes).
 """
 
 import argparse
@@ -31,7 +32,7 @@ from pax_autockpt.tools.bench import scenarios
 STORAGES = {'local': None, 'gcs0': 0.0, 'gcs30': 30.0}
 DEFAULT = ('tiny_local,tiny_gcs0,tiny_gcs30,ondemand_Medium_local,ondemand_Large_local,ondemand_Medium_gcs0,'
            'ondemand_Medium_gcs30,stock_Medium,restart,hook,decision,formats_local,formats_gcs30,notices_Tiny,'
-           'notices_Medium,noticestart,checksums,adaptive')
+           'notices_Medium,noticestart,checksums,verification,adaptive')
 
 
 def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
@@ -56,6 +57,8 @@ def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
     return scenarios.notices(storage, rest[0], args.pairs)
   if kind == 'noticestart':
     return scenarios.notices_startup(storage, args.pairs)
+  if kind == 'verification':
+    return scenarios.verification(storage, args.pairs)
   if kind == 'checksums':
     return scenarios.checksums(storage, args.pairs, args.secs)
   if kind == 'adaptive':

@@ -143,10 +143,12 @@ class Run:
     return {e['step']: e['duration_s'] for e in self.events if e['event'] == 'save_committed'}
 
 
-def timed_run(storage: Storage, argv: list[str], name: str, *, train_secs: float, preempt: bool) -> Run:
-  """Starts a job, lets it train `train_secs` after its first step, then SIGTERM (and waits for the
+def timed_run(storage: Storage, argv: list[str], name: str, *, train_secs: float, preempt: bool,
+              job_dir: str | None = None) -> Run:
+  """Starts a job (in `job_dir`, e.g. to restore another run's checkpoint; default: a new one named
+  after the run), lets it train `train_secs` after its first step, then SIGTERM (and waits for the
   exit) or SIGKILL."""
-  job_dir = storage.job_dir(name)
+  job_dir = job_dir or storage.job_dir(name)
   storage.begin()
   log_path = os.path.join(storage.workdir, f'{name}.log')
   job = process.Job([*argv, f'--job_log_dir={job_dir}'], log_path, env=storage.env())
