@@ -4,7 +4,8 @@
       --job_log_dir=/tmp/job
 
 Same flags as paxml/main.py, with --jax_fully_async_checkpoint and --exit_after_ondemand_checkpoint
-defaulting to true, --host_idx/--num_hosts/--server_addr derived when not given (pax_autockpt.hosts),
+defaulting to true, --tensorstore_use_ocdbt to true for a gs:// job directory,
+--host_idx/--num_hosts/--server_addr derived when not given (pax_autockpt.hosts),
 and the --autockpt_* flags of pax_autockpt.settings.
 """
 
