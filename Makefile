@@ -4,6 +4,7 @@
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
+TENSORSTORE := 0.1.59
 
 # The first interpreter that really runs 3.10: python3.10 on PATH, else pyenv's (or ~/.pyenv's) newest 3.10.
 PYTHON310 ?= $(shell for p in "$$(command -v python3.10)" \
@@ -14,13 +15,16 @@ PYTHON310 ?= $(shell for p in "$$(command -v python3.10)" \
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: setup.cfg pyproject.toml
+$(VENV)/.installed: setup.cfg pyproject.toml Makefile
 	@if [ -z "$(PYTHON310)" ]; then \
 	  echo "error: Python 3.10 not found (paxml 1.4.0 needs it): install it (e.g. 'pyenv install 3.10' or 'apt-get install python3.10') or run 'make PYTHON310=/path/to/python3.10'" >&2; \
 	  exit 1; fi
 	test -x $(PY) || "$(PYTHON310)" -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip wheel
 	$(PY) -m pip install -q -e '.[test]'
+	@# paxml 1.4.0 pins tensorstore 0.1.55, whose thread pool spins a CPU core for 20 s after each use
+	@# (fixed in 0.1.59, see pax_autockpt.main.TENSORSTORE_FIXED): installed over the pin.
+	$(PY) -m pip install -q --no-deps 'tensorstore==$(TENSORSTORE)'
 	touch $@
 
 # The 2-space Google style (ruff.toml), then the whole suite.
