@@ -15,7 +15,9 @@ from tests.conftest import events_of
 
 pytestmark = pytest.mark.e2e
 
-EXP = 'experiments.lm_cloud_autockpt.LmCloudSpmdTinyContinuousAutockpt'  # a save per second, keep 3
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+EXP = 'tests.e2e_experiments.TinyContinuousRareSummaries'  # a save per second, keep 3
 
 
 @pytest.fixture
@@ -55,7 +57,7 @@ def _wait_for(cond, job, timeout=120):
 
 def test_disk_full_saves_fail_cleanly_training_recovers_on_demand_exits_1(jobs, small_disk, tmp_path):
   job_dir = os.path.join(small_disk, 'job')
-  job = process.Job(process.ours_argv(EXP, job_dir), str(tmp_path / 'run.log'))
+  job = process.Job(process.ours_argv(EXP, job_dir), str(tmp_path / 'run.log'), cwd=ROOT)
   jobs.append(job)
   _wait_for(lambda: len(events_of(job_dir, 'save_committed')) >= 2, job)
 
@@ -79,8 +81,8 @@ def test_disk_full_saves_fail_cleanly_training_recovers_on_demand_exits_1(jobs, 
   code = job.wait(120)
   log = job.log()
   assert code == 1, log[-3000:]
-  # Either the on-demand save failed, or before the SIGTERM Pax's own summary writer hit the full
-  # disk: one line each time, naming the checkpoint a restart resumes from.
+  # Either the on-demand save failed, or before the SIGTERM a summary write hit the full disk: one
+  # line each time, naming the checkpoint a restart resumes from.
   lines = [line for line in log.splitlines()
            if 'On-demand checkpoint of step' in line or 'the disk is full' in line]
   assert len(lines) == 1 and 'exiting 1' in lines[0] and 'newest committed checkpoint is' in lines[0], lines
