@@ -86,8 +86,9 @@ class PrimaryDecides:
 
 def first_report(key: str, host: int, report: str | None) -> str | None:
   """Every host passes its own finding (or None) and gets the same answer back: the finding of the
-  lowest-numbered host that had one, or None. For the main thread before training: it meets the other
-  hosts at a barrier of the coordination service."""
+  lowest-numbered host that had one, or None. For the main thread (before training, or at a step every
+  host saves): it meets the other hosts at a barrier of the coordination service, never a device
+  collective."""
   client = distributed.global_state.client
   if client is None or jax.process_count() == 1:
     return report

@@ -1,6 +1,7 @@
 """Wraps Pax's training checkpointer: saves at the agreed preemption step, tracks commits, applies
 the save and preservation policies, and passes damaged checkpoints over at restore."""
 
+import itertools
 import threading
 import time
 from typing import Any
@@ -85,6 +86,7 @@ class AutockptCheckpointer:
     self._metrics = {c.step: c.metrics for c in self._history if c.metrics}  # only what preservation may see
     # Object storage: steps whose name a damaged checkpoint still holds (marked in place).
     self._unrestorable = set(layout.marked_unrestorable_steps(self.checkpoint_dir))
+    self._free_tries = itertools.count()  # a fresh agreement key for each try at freeing a name
     self.last_step: int | None = inner.step_to_restore
 
   def __getattr__(self, name: str) -> Any:
@@ -258,12 +260,12 @@ class AutockptCheckpointer:
     jax.block_until_ready(state['partitioned_train_state'])
     self._background.wait()  # one save at a time (the policies wait; an on-demand save waits here)
     start = time.time()
-    self._free_name(step)
     with self._lock:
       self._times[step] = start
       self._history.append(policies.CheckpointInfo.at(step, start))
     metrics = self._step_metrics.capture(step) if self._step_metrics is not None else None  # by reference
     try:
+      self._free_name(step)
       self._background.last_save = last
       self._inner.save_final(step, **state)  # Pax builds its items; orbax's save() takes the snapshot
     except Exception as e:  # pylint: disable=broad-except
@@ -300,13 +302,22 @@ class AutockptCheckpointer:
 
   def _free_name(self, step: int) -> None:
     """Object storage: a damaged checkpoint marked in place still holds this step's name, and orbax
-    would delete it to save there. It moves aside now (a copy: the one case that pays it)."""
+    would delete it to save there. It moves aside now (a copy: the one case that pays it). Where host 0
+    cannot move it (storage refusing writes), every host raises: this save does not start, and the
+    damaged checkpoint stays where it is."""
     if step not in self._unrestorable:
       return
+    error = None
     if self._events.host == 0:
-      aside = layout.move_aside(self._events.job_log_dir, self._step_dir(step))
-      logging.warning('[autockpt] step %d is due again: its damaged checkpoint moved to %s.', step, aside)
-    py_utils.sync_global_devices(f'autockpt:free-name:{step}')
+      try:
+        aside = layout.move_aside(self._events.job_log_dir, self._step_dir(step))
+        logging.warning('[autockpt] step %d is due again: its damaged checkpoint moved to %s.', step, aside)
+      except Exception as e:  # pylint: disable=broad-except
+        error = f'its damaged checkpoint could not be moved aside: {one_line(e)}'
+    error = agreement.first_report(f'autockpt/free-name/{step}/{next(self._free_tries)}', self._events.host,
+                                   error)
+    if error is not None:
+      raise OSError(error)
     self._unrestorable.discard(step)
 
   def _committed(self, step: int, start: float, reason: str, blocking: float, metrics: Any) -> None:

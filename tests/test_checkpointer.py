@@ -427,3 +427,23 @@ def test_a_checkpoint_without_manifest_restores_unverified_with_one_line(job, ca
   ckpt, fake = fakes.wrap(job, settings_lib.Settings(notices='off'), interval=10)
   assert ckpt.get_model_states(None, None, None)[2] == 10 and fake.restored == [10]
   assert caplog.text.count('has no content manifest') == 1
+
+
+def test_a_damaged_name_that_cannot_be_moved_aside_fails_the_save_and_stays(job, caplog):
+  """Object storage: the agreed step's name is held by a damaged checkpoint marked in place, and the
+  storage refuses the copy that frees it. The on-demand save does not start (orbax would write over
+  it): SaveFailed naming the newest committed step, not a traceback; the damaged one is untouched."""
+  ckpt, fake = fakes.wrap(job, interval=10)
+  ckpt.save_if_needed(10, STATE)
+  ckpt.wait_until_finished()
+  damaged = fakes.write_checkpoint(layout.step_dir(layout.checkpoint_dir(job), 13).with_name('x'))
+  ckpt._unrestorable.add(13)  # pylint: disable=protected-access  (as marked_unrestorable_steps finds it)
+  fakes.preempt()
+  with mock.patch.object(layout, 'move_aside', side_effect=OSError('HTTP 403 injected')) as move:
+    with pytest.raises(outcomes.SaveFailed) as stop:
+      ckpt.save_if_needed(13, STATE)
+  move.assert_called_once()
+  assert 'step 13' in str(stop.value) and 'the newest committed checkpoint is 10' in str(stop.value)
+  assert errors(caplog, 'preemption save of step 13 failed to start (OSError: its damaged checkpoint could '
+                'not be moved aside: OSError: HTTP 403 injected)')
+  assert fake.orbax.attempts == [10] and committed(job) == [10] and damaged.exists()

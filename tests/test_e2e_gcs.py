@@ -132,7 +132,8 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
   assert preemptions
   agreed = preemptions[0]['step']
   lines = [x for x in stock.log().splitlines() if f'On-demand checkpoint of step {agreed} failed' in x]
-  assert len(lines) == 1 and f'the newest committed checkpoint is {step2}' in lines[0], lines
+  assert len(lines) == 1 and f'the newest committed checkpoint is {step2}' in lines[0], (
+      lines, [x for x in stock.log().splitlines() if '[autockpt]' in x][-15:], stock.log()[-3000:])
   assert _last_run(job, 'exit')[0]['code'] == 1
   assert checkpoint_steps(job)[0][-1] == step2 and agreed not in checkpoint_steps(job)[0]
 
