@@ -9,7 +9,6 @@ from typing import Any
 from absl import logging
 from etils import epath
 import jax
-from jax import numpy as jnp
 from jax._src import distributed
 from praxis import py_utils
 
@@ -28,28 +27,6 @@ from pax_autockpt import policies
 from pax_autockpt import preemption
 from pax_autockpt import settings as settings_lib
 from pax_autockpt import summaries as summaries_lib
-
-
-def owned_by_xla(train_state: Any) -> Any:
-  """On CPU, a restored train state in buffers XLA allocated itself; elsewhere, unchanged.
-
-  orbax restores each array with `jax.device_put(numpy_array)`, which on CPU keeps NumPy's memory
-  (no copy), and Pax's train step donates its state. With jax 0.4.26, donating those buffers
-  corrupts the heap: aborts ('corrupted double-linked list', 'munmap_chunk(): invalid pointer') in
-  the first steps after a restore, rare in a plain run, every time with JAX's persistent compilation
-  cache. One jitted copy (no donation) of the state avoids it; on accelerators the restore already
-  copies to device memory.
-  """
-  leaves, treedef = jax.tree_util.tree_flatten(train_state)
-  where = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array) and
-           any(d.platform == 'cpu' for d in x.sharding.device_set)]
-  if not where:
-    return train_state
-  arrays = [leaves[i] for i in where]
-  copies = jax.jit(lambda xs: [jnp.copy(x) for x in xs], out_shardings=[x.sharding for x in arrays])(arrays)
-  for i, copy in zip(where, copies):
-    leaves[i] = copy
-  return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 def one_line(error: BaseException) -> str:
@@ -162,7 +139,7 @@ class AutockptCheckpointer:
         continue
       mismatch = self._verify(step, restored[0]) if step is not None and self._checksums else None
       if mismatch is None:
-        return restored if step is None else (owned_by_xla(restored[0]), *restored[1:])
+        return restored
       self._skip_unrestorable(step, mismatch)
 
   # --- content manifests ---------------------------------------------------------------------------
