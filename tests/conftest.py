@@ -1,9 +1,7 @@
 """Shared fixtures and checks for the pax-autockpt tests."""
 
 import os
-import shutil
 import signal
-import tempfile
 
 import pytest
 
@@ -60,24 +58,6 @@ _SLOWEST_FIRST = ('test_e2e_gcs.py', 'test_soak.py', 'test_e2e_multihost.py', 't
                   'test_e2e_ctrl_c.py', 'test_e2e_continuous.py', 'test_e2e_notices.py',
                   'test_e2e_restore_fallback.py', 'test_e2e_policies.py', 'test_e2e_disk_full.py',
                   'test_bad_input.py')
-
-
-def pytest_configure(config):
-  """One JAX persistent compilation cache for the whole run: both xdist workers and every training
-  process they start inherit it, so each experiment's train step is compiled once (~5 s of CPU, a third
-  of a process's start) instead of in each of ~100 processes. The training is unchanged; restores in
-  these runs are also what keeps `checkpointer.owned_by_xla` honest (without it, every restore with
-  the cache aborted). A cache the developer set is used as it is."""
-  if 'JAX_COMPILATION_CACHE_DIR' in os.environ:
-    return
-  config.autockpt_jax_cache = tempfile.mkdtemp(prefix='autockpt-jax-cache-')
-  os.environ['JAX_COMPILATION_CACHE_DIR'] = config.autockpt_jax_cache
-  os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0.2'
-
-
-def pytest_unconfigure(config):
-  if getattr(config, 'autockpt_jax_cache', None):  # the run that made it (xdist's controller)
-    shutil.rmtree(config.autockpt_jax_cache, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items):

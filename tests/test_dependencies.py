@@ -3,6 +3,8 @@
 import importlib.metadata
 import os
 import re
+import subprocess
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -18,3 +20,23 @@ def test_the_tensorstore_fix_is_pinned_once_and_installed():
   assert makefile == expected
   # The training processes of this suite run on it (a venv that `make` did not build may not).
   assert importlib.metadata.version('tensorstore') == expected
+
+
+_DONATE = '''
+import jax, numpy as np
+host = np.arange(1 << 20, dtype=np.float32)
+on_cpu = jax.device_put(host)  # NumPy's memory, as orbax's restore leaves it
+out = jax.jit(lambda x: x * 2 + 1, donate_argnums=0)(on_cpu)
+print(out.unsafe_buffer_pointer() == host.ctypes.data)
+'''
+
+
+def test_jax_0_4_26_cached_executables_write_donated_numpy_memory_in_place(tmp_path):
+  """Why pax_autockpt.executor warns about the compilation cache on CPU: compiled, the donated NumPy
+  buffer is copied first; loaded from the cache, the output lands in NumPy's memory (which NumPy frees
+  while JAX still uses it). When this fails, jax no longer does it and the warning can go."""
+  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+             JAX_PLATFORMS='cpu')
+  runs = [subprocess.run([sys.executable, '-c', _DONATE], env=env, capture_output=True, text=True, timeout=120)
+          for _ in range(2)]
+  assert [r.stdout.strip() for r in runs] == ['False', 'True'], [r.stderr[-2000:] for r in runs]
