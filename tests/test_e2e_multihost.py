@@ -1,6 +1,7 @@
 """End to end, several local hosts through `pax-autockpt launch`: real processes, real signals."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -42,13 +43,25 @@ def _wait_event(job_dir, host, kind, job, timeout=240, after=0.0):
   raise TimeoutError(f'no {kind} event from host {host}')
 
 
-def _wait_training(job_dir, host, job, timeout=400):
-  """Until `host` has completed a few steps (its log in JOB_LOG_DIR/autockpt/host<i>.log)."""
+def _host_log_sizes(job_dir, num_hosts):
+  """Where each host's log (appended to by every launch) ends now: a relaunch's lines come after."""
+  paths = [os.fspath(layout.host_log_path(job_dir, h)) for h in range(num_hosts)]
+  return [os.path.getsize(p) if os.path.exists(p) else 0 for p in paths]
+
+
+def _wait_training(job_dir, host, job, timeout=400, since=None):
+  """Until `host` has completed a few steps (its log in JOB_LOG_DIR/autockpt/host<i>.log); with
+  `since` (a byte offset), any step completed after that point of its log."""
   path = os.fspath(layout.host_log_path(job_dir, host))
+  done = 'Step `3` completed' if since is None else re.compile(r'Step `\d+` completed')
   deadline = time.time() + timeout
   while time.time() < deadline:
-    if os.path.exists(path) and 'Step `3` completed' in open(path, errors='replace').read():
-      return
+    if os.path.exists(path):
+      with open(path, errors='replace') as f:
+        f.seek(since or 0)
+        text = f.read()
+      if (done in text) if since is None else done.search(text):
+        return
     if job.proc.poll() is not None:
       raise RuntimeError(f'launcher exited {job.proc.returncode}:\n{job.log()[-3000:]}')
     time.sleep(0.2)
@@ -96,12 +109,14 @@ def test_sigterm_to_one_host_saves_the_same_step_on_all_and_relaunch_restores_it
   print(f'SIGTERM to host 1 -> all hosts exited in {all_exited:.2f} s; agreed step {step}')
 
   # Relaunch: every host restores that step; this time SIGTERM goes to all hosts via the launcher.
-  relaunch_t = time.time()
+  relaunch_t, since = time.time(), _host_log_sizes(job_dir, 2)
   second = _launch(jobs, job_dir, str(tmp_path / 'launch2.log'), 2)
   for host in (0, 1):
     _wait_event(job_dir, host, 'start', second, after=relaunch_t)
   second.wait_for_log(r'\[host 0\].*\[autockpt\] host 0/2, restoring step')
-  time.sleep(8.0)
+  for host in (0, 1):
+    _wait_training(job_dir, host, second, since=since[host])
+  time.sleep(1.0)
   second.send(signal.SIGTERM)  # the launcher forwards it to every host
   assert second.wait(120) == 143, second.log()[-3000:]
   assert _assert_all_preempted_at_same_step(job_dir, 2, restored=step) >= step
@@ -169,11 +184,13 @@ def test_four_hosts_in_two_slices_preempted_and_resumed(jobs, job_dir, tmp_path)
   assert first.wait(180) == 143, first.log()[-3000:]
   step = _assert_all_preempted_at_same_step(job_dir, 4, restored=None)
 
-  relaunch_t = time.time()
+  relaunch_t, since = time.time(), _host_log_sizes(job_dir, 4)
   second = _launch(jobs, job_dir, str(tmp_path / 'launch2.log'), 4, '--num_slices=2')
   for host in range(4):
     _wait_event(job_dir, host, 'start', second, timeout=400, after=relaunch_t)
-  time.sleep(10.0)
+  for host in range(4):
+    _wait_training(job_dir, host, second, since=since[host])
+  time.sleep(1.0)
   second.send(signal.SIGTERM)
   assert second.wait(180) == 143, second.log()[-3000:]
   assert _assert_all_preempted_at_same_step(job_dir, 4, restored=step) >= step
