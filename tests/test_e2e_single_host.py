@@ -16,7 +16,8 @@ from tests.conftest import checkpoint_steps
 from tests.conftest import events_of
 from tests.conftest import tb_scalars
 
-# One worker runs this file's tests: they share the module's preempted run.
+# The group would keep this file's tests on one worker, sharing one preempted run; with pytest 9.2 and
+# pytest-xdist 3.8 (installed here) --dist loadgroup does not honour it, so each worker may make one.
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group('single_host')]
 
 EXP = process.TINY_EXP
@@ -73,10 +74,11 @@ def events_of_run(job_dir, host=0):
   return events[last_start:]
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope='session')
 def preempted(tmp_path_factory):
   """One run of ours, SIGTERM at a random moment mid-training; shared by the tests below, which read
-  its job directory or work on a copy of it (one process start fewer per test)."""
+  its job directory or work on a copy of it (one process start fewer per test). Session-scoped, so
+  that a worker makes it once even when it runs another file's test between two of these."""
   root = tmp_path_factory.mktemp('preempted')
   job = process.Job(process.ours_argv(EXP, str(root / 'job')), str(root / 'run1.log'))
   try:
