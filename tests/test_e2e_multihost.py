@@ -53,15 +53,14 @@ def _wait_training(job_dir, host, job, timeout=400, since=None):
   """Until `host` has completed a few steps (its log in JOB_LOG_DIR/autockpt/host<i>.log); with
   `since` (a byte offset), any step completed after that point of its log."""
   path = os.fspath(layout.host_log_path(job_dir, host))
-  done = 'Step `3` completed' if since is None else re.compile(r'Step `\d+` completed')
+  done = re.compile(r'Step `3` completed' if since is None else r'Step `\d+` completed')
   deadline = time.time() + timeout
   while time.time() < deadline:
     if os.path.exists(path):
       with open(path, errors='replace') as f:
         f.seek(since or 0)
-        text = f.read()
-      if (done in text) if since is None else done.search(text):
-        return
+        if done.search(f.read()):
+          return
     if job.proc.poll() is not None:
       raise RuntimeError(f'launcher exited {job.proc.returncode}:\n{job.log()[-3000:]}')
     time.sleep(0.2)
