@@ -20,11 +20,12 @@ $(VENV)/.installed: setup.cfg pyproject.toml Makefile
 	  echo "error: Python 3.10 not found (paxml 1.4.0 needs it): install it (e.g. 'pyenv install 3.10' or 'apt-get install python3.10') or run 'make PYTHON310=/path/to/python3.10'" >&2; \
 	  exit 1; fi
 	test -x $(PY) || "$(PYTHON310)" -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip wheel
-	$(PY) -m pip install -q -e '.[test]'
-	@# paxml 1.4.0 pins tensorstore 0.1.55, whose thread pool spins a CPU core for 20 s after each use
-	@# (fixed in 0.1.59, see pax_autockpt.main.TENSORSTORE_FIXED): installed over the pin.
-	$(PY) -m pip install -q --no-deps 'tensorstore==$(TENSORSTORE)'
+	@# uv installs what pip would (same versions) in ~30 s instead of ~85 s: parallel downloads, bytecode
+	@# compiled in parallel. paxml 1.4.0 pins tensorstore 0.1.55, whose thread pool spins a CPU core for
+	@# 20 s after each use (fixed in 0.1.59, see pax_autockpt.main.TENSORSTORE_FIXED): overridden.
+	echo 'tensorstore==$(TENSORSTORE)' > $(VENV)/overrides.txt
+	$(PY) -m pip install -q 'uv==0.13.9'
+	$(VENV)/bin/uv pip install -q --python $(PY) --compile-bytecode --override $(VENV)/overrides.txt -e '.[test]'
 	touch $@
 
 # The 2-space Google style (ruff.toml), then the whole suite.
