@@ -59,7 +59,7 @@ def test_ctrl_c_on_one_host_or_through_the_launcher_stops_every_host_at_one_step
   second = _launch(jobs, job_dir, str(tmp_path / 'launch2.log'), 2)
   for host in (0, 1):
     _wait_event(job_dir, host, 'start', second, after=relaunch_t)
-  time.sleep(5.0)
+    _wait_training(job_dir, host, second, since=seen[host])  # a step past the restore
   os.killpg(second.pid, signal.SIGINT)  # what a terminal does: the launcher's whole process group
   assert second.wait(120) == 130, second.log()[-3000:]
   assert _assert_interrupted_at_one_step(job_dir, 2, restored=step) >= step

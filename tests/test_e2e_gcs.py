@@ -155,19 +155,19 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def _launch_two(jobs, job, log) -> process.Job:
-  """2 local hosts on one bucket; returns once host 1 has started training."""
+def _launch_two(jobs, job, log, ready) -> process.Job:
+  """2 local hosts on one bucket; returns once both have logged `ready`."""
   launcher = _run(jobs, [sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', '--num_hosts=2',
                          '--', f'--exp={MULTISLICE}', f'--job_log_dir={job}'], log)
-  launcher.wait_for_log(r'\[host 1\].*\[autockpt\] host 1/2, restoring step', timeout=300)
-  launcher.wait_for_log(r'\[host 1\].*\[autockpt\] interval save of step', timeout=300)  # in the loop
+  for host in (0, 1):
+    launcher.wait_for_log(rf'\[host {host}\].*\[autockpt\] {ready}', timeout=300)
   return launcher
 
 
 def test_two_hosts_on_one_bucket_sigterm_to_host_1_only_ocdbt_by_default_and_resumed(jobs, gcs, tmp_path):
   """No format flag: gs:// gets OCDBT; SIGTERM to host 1 only -> one step everywhere, then resumed."""
   job = gcs.url('two-hosts')
-  launcher = _launch_two(jobs, job, str(tmp_path / 'launch1.log'))
+  launcher = _launch_two(jobs, job, str(tmp_path / 'launch1.log'), ready='interval save of step')  # in the loop
   assert '[autockpt] gs:// job directory: OCDBT checkpoints' in launcher.log()
   time.sleep(2)
   os.kill(events_of(job, 'start', host=1)[0]['pid'], signal.SIGTERM)
@@ -180,10 +180,13 @@ def test_two_hosts_on_one_bucket_sigterm_to_host_1_only_ocdbt_by_default_and_res
   assert_restorable(job, step)
   path = layout.step_dir(layout.checkpoint_dir(job), step)
   assert (path / 'state' / 'manifest.ocdbt').exists(), sorted(gcs.objects(f'two-hosts/checkpoints/{_name(step)}/'))
-  relaunch = _launch_two(jobs, job, str(tmp_path / 'launch2.log'))
+  # Resumed: both hosts restore the step (not 500 more steps to the next interval save: ~60 s here).
+  relaunch = _launch_two(jobs, job, str(tmp_path / 'launch2.log'), ready=f'checkpoint {step}: .* checked')
   deadline = time.time() + 60  # each host's start event is uploaded by a background thread
   while {events_of(job, 'start', host=h)[-1]['restored_step'] for h in (0, 1)} != {step}:
     assert time.time() < deadline, [events_of(job, 'start', host=h) for h in (0, 1)]
     time.sleep(1.0)
   relaunch.send(signal.SIGTERM)
   assert relaunch.wait(180) == 143, relaunch.log()[-3000:]
+  again = {events_of(job, 'preemption', host=h)[-1]['step'] for h in (0, 1)}
+  assert len(again) == 1 and again.pop() >= step, again

@@ -1,6 +1,7 @@
 """End to end, notices: real paxml processes reading a fake metadata server (long polls, ETags)."""
 
 import os
+import re
 import signal
 import time
 
@@ -40,15 +41,21 @@ def _one_host(jobs, job_dir, log, metadata_host, *flags, exp=TINY):
   return job
 
 
-def _wait(cond, job, timeout=60.0):
+def _wait(cond, job, timeout=60.0, every=0.05):
   deadline = time.time() + timeout
   while time.time() < deadline:
     found = cond()
     if found:
       return found
     assert job.proc.poll() is None, job.log()[-3000:]
-    time.sleep(0.05)
+    time.sleep(every)
   raise TimeoutError(job.log()[-3000:])
+
+
+def _trained_past(step, job):
+  """Until Pax's summaries show training beyond `step`."""
+  _wait(lambda: any(int(s) > step for s in re.findall(r'summary tensor at step=(\d+) ', job.log())), job,
+        every=0.5)
 
 
 def _committed_notice(job_dir, job, after, host=0):
@@ -79,7 +86,7 @@ def test_maintenance_notices_save_and_train_on_then_sigterm_exits_143(jobs, job_
     saves.append(notice['step'])
     metadata.set('maintenance-event', 'NONE')
   assert [e['reason'] for e in events_of(job_dir, 'save_started') if e['step'] in saves] == ['notice'] * 2
-  time.sleep(10.0)  # training goes on after each notice save
+  _trained_past(saves[1] + 200, job)  # training goes on after each notice save
   job.send(signal.SIGTERM)
   assert job.wait(120) == 143, job.log()[-3000:]
   agreed = events_of(job_dir, 'preemption')[-1]['step']
@@ -98,7 +105,7 @@ def test_preempted_then_sigkill_restarts_from_the_notice_step(jobs, job_dir, tmp
   sent = time.time()
   metadata.set('preempted', 'TRUE')
   notice, _ = _committed_notice(job_dir, job, sent)
-  time.sleep(5.0)
+  _trained_past(notice['step'] + 200, job)
   job.kill()  # SIGKILL: no SIGTERM, no exit event
   again = _one_host(jobs, job_dir, str(tmp_path / 'run2.log'), metadata.host, '--autockpt_notices=off',
                     exp=RARE_SAVES)
