@@ -36,9 +36,14 @@ def _run(jobs, argv, log) -> process.Job:
   return job
 
 
-def _preempt(job, after_secs, code=143) -> None:
+def _preempt(job, saves_started=0, code=143) -> None:
+  """SIGTERM once training runs and, with `saves_started`, that many continuous saves started (each one
+  starts after the one before it committed)."""
   job.wait_for_log(STEP_DONE, timeout=300)
-  time.sleep(after_secs)
+  deadline = time.time() + 300
+  while job.log().count('[autockpt] continuous save of step') < saves_started:
+    assert time.time() < deadline and job.proc.poll() is None, job.log()[-4000:]
+    time.sleep(0.5)
   job.send(signal.SIGTERM)
   assert job.wait(180) == code, job.log()[-4000:]
 
@@ -67,7 +72,7 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
   argv = process.ours_argv(CONTINUOUS, job, '--autockpt_keep_latest=2', '--tensorstore_use_ocdbt=false')
 
   # Run 1: continuous saves on the bucket, keep the latest 2; SIGTERM -> the agreed step committed.
-  _preempt(_run(jobs, argv, str(tmp_path / 'run1.log')), after_secs=8)
+  _preempt(_run(jobs, argv, str(tmp_path / 'run1.log')), saves_started=3)  # 2 committed: keep 2 deletes
   step = events_of(job, 'preemption')[-1]['step']
   deleted = [e['step'] for e in events_of(job, 'deleted')]
   committed, others = checkpoint_steps(job)
@@ -97,7 +102,7 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
 
   # Run 2: the same command restores the previous committed step, marks the damaged one in place.
   # (At once: run 2 must not reach the damaged step's number again, or it moves it aside to save there.)
-  _preempt(_run(jobs, argv, str(tmp_path / 'run2.log')), after_secs=0)
+  _preempt(_run(jobs, argv, str(tmp_path / 'run2.log')))
   assert [e['step'] for e in events_of(job, 'restore_skipped')] == [step]
   assert 'does not match the manifest' in events_of(job, 'restore_skipped')[0]['error']
   assert _last_run(job, 'start')[0]['restored_step'] == committed[0]
