@@ -3,7 +3,6 @@
 import signal
 import statistics
 import sys
-import time
 
 import pytest
 
@@ -20,14 +19,10 @@ MIN_INTERVAL = 1.0
 
 def _sigterm_right_after_a_save_starts(job, job_dir, saves):
   """Waits for `saves` continuous saves to have started, then SIGTERMs as soon as a new one starts."""
-  deadline = time.time() + 300
-  while len([e for e in events_of(job_dir, 'save_started') if e['reason'] == 'continuous']) < saves:
-    assert time.time() < deadline and job.proc.poll() is None, job.log()[-3000:]
-    time.sleep(0.1)
+  process.wait_until(lambda: len([e for e in events_of(job_dir, 'save_started')
+                                  if e['reason'] == 'continuous']) >= saves, f'{saves} continuous saves', job=job)
   seen = len(events_of(job_dir, 'save_started'))
-  deadline = time.time() + 30
-  while len(events_of(job_dir, 'save_started')) == seen and time.time() < deadline:
-    time.sleep(0.01)
+  process.wait_until(lambda: len(events_of(job_dir, 'save_started')) > seen, 'another save', 30, 0.01, job)
   return job.send(signal.SIGTERM)
 
 
@@ -81,10 +76,8 @@ def test_two_hosts_continuous_save_the_same_steps(jobs, job_dir, tmp_path):
           '--autockpt_keep_latest=100']
   job = process.Job(argv, str(tmp_path / 'launch.log'))
   jobs.append(job)
-  deadline = time.time() + 300
-  while len(events_of(job_dir, 'save_started', 1)) < 8:  # back to back, past the first compilation
-    assert time.time() < deadline and job.proc.poll() is None, job.log()[-3000:]
-    time.sleep(0.2)
+  process.wait_until(lambda: len(events_of(job_dir, 'save_started', 1)) >= 8, '8 saves on host 1', every=0.2,
+                     job=job)  # back to back, past the first compilation
   job.send(signal.SIGTERM)
   assert job.wait(120) == 143, job.log()[-3000:]
   steps = [[e['step'] for e in events_of(job_dir, 'save_started', host)] for host in (0, 1)]

@@ -48,28 +48,23 @@ def _fill(disk, spare=256 * 1024):
       f.truncate(max(0, os.path.getsize(path) - spare))
 
 
-def _wait_for(cond, job, timeout=120):
-  deadline = time.time() + timeout
-  while not cond():
-    assert time.time() < deadline and job.proc.poll() is None, job.log()[-3000:]
-    time.sleep(0.2)
-
-
 def test_disk_full_saves_fail_cleanly_training_recovers_on_demand_exits_1(jobs, small_disk, tmp_path):
   job_dir = os.path.join(small_disk, 'job')
   job = process.Job(process.ours_argv(EXP, job_dir), str(tmp_path / 'run.log'), cwd=ROOT)
   jobs.append(job)
-  _wait_for(lambda: len(events_of(job_dir, 'save_committed')) >= 2, job)
+  process.wait_until(lambda: len(events_of(job_dir, 'save_committed')) >= 2, '2 commits', 120, 0.2, job)
 
   _fill(small_disk)
-  _wait_for(lambda: job.log().count('failed to commit') + job.log().count('failed to start') >= 2, job)
+  process.wait_until(lambda: job.log().count('failed to commit') + job.log().count('failed to start') >= 2,
+                     '2 failed saves', 120, 0.2, job)
   steps_before = checkpoint_steps(job_dir)[0]
   for step in steps_before:
     assert_restorable(job_dir, step)  # nothing committed was touched
   started = len(events_of(job_dir, 'save_started'))
 
   os.remove(os.path.join(small_disk, 'filler'))  # space is back: the next saves commit again
-  _wait_for(lambda: any(e['step'] > max(steps_before) for e in events_of(job_dir, 'save_committed')), job)
+  process.wait_until(lambda: any(e['step'] > max(steps_before) for e in events_of(job_dir, 'save_committed')),
+                     'a commit after the disk had space again', 120, 0.2, job)
   assert len(events_of(job_dir, 'save_started')) > started
   leftovers = [n for n in checkpoint_steps(job_dir)[1] if '.orbax-checkpoint-tmp-' in n]
   assert len(leftovers) <= 1, leftovers  # failed saves' tmp dirs are gone; at most one in flight

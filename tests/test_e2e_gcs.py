@@ -40,10 +40,8 @@ def _preempt(job, saves_started=0, code=143) -> None:
   """SIGTERM once training runs and, with `saves_started`, that many continuous saves started (each one
   starts after the one before it committed)."""
   job.wait_for_log(STEP_DONE, timeout=300)
-  deadline = time.time() + 300
-  while job.log().count('[autockpt] continuous save of step') < saves_started:
-    assert time.time() < deadline and job.proc.poll() is None, job.log()[-4000:]
-    time.sleep(0.5)
+  process.wait_until(lambda: job.log().count('[autockpt] continuous save of step') >= saves_started,
+                     f'{saves_started} continuous saves', 300, 0.5, job)
   job.send(signal.SIGTERM)
   assert job.wait(180) == code, job.log()[-4000:]
 
@@ -187,10 +185,8 @@ def test_two_hosts_on_one_bucket_sigterm_to_host_1_only_ocdbt_by_default_and_res
   assert (path / 'state' / 'manifest.ocdbt').exists(), sorted(gcs.objects(f'two-hosts/checkpoints/{_name(step)}/'))
   # Resumed: both hosts restore the step (not 500 more steps to the next interval save: ~60 s here).
   relaunch = _launch_two(jobs, job, str(tmp_path / 'launch2.log'), ready=f'checkpoint {step}: .* checked')
-  deadline = time.time() + 60  # each host's start event is uploaded by a background thread
-  while {events_of(job, 'start', host=h)[-1]['restored_step'] for h in (0, 1)} != {step}:
-    assert time.time() < deadline, [events_of(job, 'start', host=h) for h in (0, 1)]
-    time.sleep(1.0)
+  process.wait_until(lambda: {events_of(job, 'start', host=h)[-1]['restored_step'] for h in (0, 1)} == {step},
+                     f'both hosts restored step {step}', 60, 1.0, relaunch)  # start events upload in the background
   relaunch.send(signal.SIGTERM)
   assert relaunch.wait(180) == 143, relaunch.log()[-3000:]
   again = {events_of(job, 'preemption', host=h)[-1]['step'] for h in (0, 1)}

@@ -32,15 +32,9 @@ def _launch(jobs, job_dir, log, num_hosts, *extra, exp=EXP, host_flags=()):
 
 def _wait_event(job_dir, host, kind, job, timeout=240, after=0.0):
   """The first `kind` event of `host` stamped after `after`."""
-  deadline = time.time() + timeout
-  while time.time() < deadline:
-    for e in events_lib.read(job_dir, host):
-      if e['event'] == kind and e['t'] >= after:
-        return e
-    if job.proc.poll() is not None:
-      raise RuntimeError(f'launcher exited {job.proc.returncode}:\n{job.log()[-3000:]}')
-    time.sleep(0.1)
-  raise TimeoutError(f'no {kind} event from host {host}')
+  return process.wait_until(
+      lambda: next((e for e in events_lib.read(job_dir, host) if e['event'] == kind and e['t'] >= after), None),
+      f'{kind} event from host {host}', timeout, job=job)
 
 
 def _host_log_sizes(job_dir, num_hosts):
@@ -54,17 +48,8 @@ def _wait_training(job_dir, host, job, timeout=400, since=None):
   `since` (a byte offset), any step completed after that point of its log."""
   path = os.fspath(layout.host_log_path(job_dir, host))
   done = re.compile(r'Step `3` completed' if since is None else r'Step `\d+` completed')
-  deadline = time.time() + timeout
-  while time.time() < deadline:
-    if os.path.exists(path):
-      with open(path, errors='replace') as f:
-        f.seek(since or 0)
-        if done.search(f.read()):
-          return
-    if job.proc.poll() is not None:
-      raise RuntimeError(f'launcher exited {job.proc.returncode}:\n{job.log()[-3000:]}')
-    time.sleep(0.2)
-  raise TimeoutError(f'host {host} did not start training')
+  process.wait_until(lambda: done.search(process.text_of(path, since or 0)), f'training on host {host}',
+                     timeout, 0.2, job)
 
 
 def _run_events(job_dir, host):
@@ -129,10 +114,8 @@ def test_sigkill_of_one_host_makes_the_others_exit_nonzero_within_the_bound(jobs
                 host_flags=('--autockpt_continuous',))
   _wait_training(job_dir, 1, job)
   saves = len([e for e in events_lib.read(job_dir, 1) if e['event'] == 'save_started'])
-  deadline = time.time() + 60
-  while len([e for e in events_lib.read(job_dir, 1) if e['event'] == 'save_started']) == saves:
-    assert time.time() < deadline, 'no save started on host 1'
-    time.sleep(0.01)
+  process.wait_until(lambda: len([e for e in events_lib.read(job_dir, 1) if e['event'] == 'save_started']) > saves,
+                     'a save started on host 1', 60, 0.01, job)
   pid1 = events_lib.read(job_dir, 1)[0]['pid']
   killed = time.time()
   os.kill(pid1, signal.SIGKILL)
@@ -154,10 +137,8 @@ def test_sigkill_of_the_launcher_preempts_every_host(jobs, job_dir, tmp_path):
   _wait_training(job_dir, 1, job)
   job.send(signal.SIGKILL)  # the launcher only, not its hosts
   job.wait(30)
-  deadline = time.time() + 120
-  while time.time() < deadline and not all(
-      any(e['event'] == 'exit' for e in events_lib.read(job_dir, h)) for h in range(2)):
-    time.sleep(0.2)
+  process.wait_until(lambda: all(any(e['event'] == 'exit' for e in events_lib.read(job_dir, h)) for h in range(2)),
+                     'both hosts exited', 120, 0.2)  # the launcher is gone: no job to watch
   _assert_all_preempted_at_same_step(job_dir, 2, restored=None)
   for host in range(2):  # gone (or a zombie waiting for init to reap it)
     pid = events_lib.read(job_dir, host)[0]['pid']

@@ -41,21 +41,10 @@ def _one_host(jobs, job_dir, log, metadata_host, *flags, exp=TINY):
   return job
 
 
-def _wait(cond, job, timeout=60.0, every=0.05):
-  deadline = time.time() + timeout
-  while time.time() < deadline:
-    found = cond()
-    if found:
-      return found
-    assert job.proc.poll() is None, job.log()[-3000:]
-    time.sleep(every)
-  raise TimeoutError(job.log()[-3000:])
-
-
 def _trained_past(step, job):
   """Until Pax's summaries show training beyond `step`."""
-  _wait(lambda: any(int(s) > step for s in re.findall(r'summary tensor at step=(\d+) ', job.log())), job,
-        every=0.5)
+  process.wait_until(lambda: any(int(s) > step for s in re.findall(r'summary tensor at step=(\d+) ', job.log())),
+                     f'a summary past step {step}', 60, 0.5, job)
 
 
 def _committed_notice(job_dir, job, after, host=0):
@@ -66,7 +55,7 @@ def _committed_notice(job_dir, job, after, host=0):
     commit = notice and next((e for e in evs if e['event'] == 'save_committed' and e['step'] == notice['step']),
                              None)
     return (notice, commit) if commit else None
-  return _wait(find, job)
+  return process.wait_until(find, f'a committed notice save on host {host}', 60, 0.05, job)
 
 
 def test_maintenance_notices_save_and_train_on_then_sigterm_exits_143(jobs, job_dir, tmp_path, metadata):
@@ -109,7 +98,7 @@ def test_preempted_then_sigkill_restarts_from_the_notice_step(jobs, job_dir, tmp
   job.kill()  # SIGKILL: no SIGTERM, no exit event
   again = _one_host(jobs, job_dir, str(tmp_path / 'run2.log'), metadata.host, '--autockpt_notices=off',
                     exp=RARE_SAVES)
-  _wait(lambda: len(events_of(job_dir, 'start')) == 2, again, timeout=300)
+  process.wait_until(lambda: len(events_of(job_dir, 'start')) == 2, 'the restart', 300, 0.05, again)
   interval_saves = [e['step'] for e in events_of(job_dir, 'save_started') if e['reason'] == 'interval']
   assert interval_saves == [0]
   assert events_of(job_dir, 'start')[-1]['restored_step'] == notice['step'] > 0
@@ -127,7 +116,8 @@ def test_two_hosts_a_notice_on_host_1_only_is_saved_by_both(jobs, job_dir, tmp_p
     job = process.Job(launcher.host_argv(cfg, host, port), str(tmp_path / f'host{host}.log'), env=env)
     jobs.append(job)
   jobs[1].wait_for_log(WATCHING, timeout=300)
-  _wait(lambda: len(events_of(job_dir, 'start', host=1)) == 1, jobs[1], timeout=300)
+  process.wait_until(lambda: len(events_of(job_dir, 'start', host=1)) == 1, 'the start on host 1', 300, 0.05,
+                     jobs[1])
   time.sleep(3.0)
   sent = time.time()
   metadata.set('maintenance-event', 'TERMINATE_ON_HOST_MAINTENANCE')

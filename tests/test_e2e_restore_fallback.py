@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -34,9 +33,8 @@ def _run_and_preempt(jobs, job_dir, log, *flags, min_checkpoints=1) -> list[int]
   job = process.Job(process.ours_argv(EXP, job_dir, *flags), log)
   jobs.append(job)
   job.wait_for_log(r'\[PAX STATUS\]: Step `\d+` completed')
-  deadline = time.time() + 120
-  while len(events_of(job_dir, 'save_committed')) < min_checkpoints and time.time() < deadline:
-    time.sleep(0.2)
+  process.wait_until(lambda: len(events_of(job_dir, 'save_committed')) >= min_checkpoints,
+                     f'{min_checkpoints} committed saves', 120, 0.2, job)
   job.send(signal.SIGTERM)
   assert job.wait(120) == 143, job.log()[-3000:]
   return checkpoint_steps(job_dir)[0]

@@ -7,7 +7,9 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
+
+T = TypeVar('T')
 
 TINY_EXP = 'experiments.lm_cloud_autockpt.LmCloudSpmdTinyAutockpt'
 
@@ -23,6 +25,37 @@ def stock_argv(exp: str, job_log_dir: str, *flags: str) -> list[str]:
   paxml_dir = importlib.util.find_spec('paxml').submodule_search_locations[0]
   return [sys.executable, os.path.join(paxml_dir, 'main.py'), f'--exp={exp}',
           f'--job_log_dir={job_log_dir}', *flags]
+
+
+def wait_until(cond: Callable[[], T], what: str, timeout: float = 300, every: float = 0.1,
+               job: 'Job | None' = None) -> T:
+  """Polls `cond` until it returns something truthy, and returns that: what tests, the soak and the
+  benchmarks wait for instead of sleeping. Raises TimeoutError after `timeout` s and, given the `job`
+  that should bring it about, RuntimeError as soon as that job has exited; both name `what` and end
+  with the job's last log lines."""
+  deadline = time.time() + timeout
+  while True:
+    value = cond()
+    if value:
+      return value
+    if job is not None and job.proc.poll() is not None:
+      raise RuntimeError(f'process exited {job.proc.returncode} before {what}{_tail(job)}')
+    if time.time() > deadline:
+      raise TimeoutError(f'no {what} after {timeout} s{_tail(job)}')
+    time.sleep(every)
+
+
+def text_of(path: str, since: int = 0) -> str:
+  """A log file's text so far, from byte `since` on; '' before the process created it."""
+  if not os.path.exists(path):
+    return ''
+  with open(path, 'rb') as f:
+    f.seek(since)
+    return f.read().decode(errors='replace')
+
+
+def _tail(job: 'Job | None') -> str:
+  return '' if job is None else f'; {job.log_path} ends:\n{job.log()[-3000:]}'
 
 
 class Job:
@@ -43,21 +76,12 @@ class Job:
     return self.proc.pid
 
   def log(self) -> str:
-    with open(self.log_path, errors='replace') as f:
-      return f.read()
+    return text_of(self.log_path)
 
   def wait_for_log(self, pattern: str, timeout: float = 180) -> re.Match:
     """Polls the log for a regex; raises TimeoutError (or RuntimeError if the process died)."""
     regex = re.compile(pattern)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-      match = regex.search(self.log())
-      if match:
-        return match
-      if self.proc.poll() is not None:
-        raise RuntimeError(f'process exited {self.proc.returncode} before /{pattern}/ in {self.log_path}')
-      time.sleep(0.1)
-    raise TimeoutError(f'/{pattern}/ not in {self.log_path} after {timeout} s')
+    return wait_until(lambda: regex.search(self.log()), f'/{pattern}/ in {self.log_path}', timeout, job=self)
 
   def send(self, signum: int = signal.SIGTERM) -> float:
     """Sends a signal to the process (not its children); returns when, for timing."""

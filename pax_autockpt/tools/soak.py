@@ -232,9 +232,11 @@ def scale(num_hosts, workdir, preempt_host=5, exp='experiments.lm_cloud_autockpt
   started = time.time()
   job = process.Job(argv, os.path.join(workdir, 'launch1.log'))
   try:
-    pids = _until(lambda: _host_pids(job_dir, num_hosts, started), job, 900)
+    pids = process.wait_until(lambda: _host_pids(job_dir, num_hosts, started), 'every host started', 900,
+                              0.5, job)
     log = os.fspath(layout.host_log_path(job_dir, preempt_host))
-    _until(lambda: re.search(r'Step `[1-9]\d*` completed', _text(log)), job, 900)
+    process.wait_until(lambda: re.search(r'Step `[1-9]\d*` completed', process.text_of(log)), f'a step in {log}', 900,
+                       0.5, job)
     out['start_to_training_s'] = round(time.time() - started, 1)
     sent = time.time()
     os.kill(pids[preempt_host], signal.SIGTERM)  # one host only, as a maintenance event on one VM
@@ -250,9 +252,10 @@ def scale(num_hosts, workdir, preempt_host=5, exp='experiments.lm_cloud_autockpt
   again = time.time()
   job = process.Job(argv, os.path.join(workdir, 'launch2.log'))
   try:
-    _until(lambda: _host_pids(job_dir, num_hosts, again), job, 900)
+    process.wait_until(lambda: _host_pids(job_dir, num_hosts, again), 'every host restarted', 900, 0.5, job)
     out['restart_to_all_restored_s'] = round(time.time() - again, 1)
-    _until(lambda: _last_step(log) >= step + 3, job, 900)  # trained on from the restored step
+    process.wait_until(lambda: _last_step(log) >= step + 3, f'step {step + 3} in {log}', 900, 0.5,
+                       job)  # trained on from the restored step
     job.send(signal.SIGTERM)  # the launcher forwards it to every host
     out['relaunch_exit'] = job.wait(300)
   finally:
@@ -264,28 +267,8 @@ def scale(num_hosts, workdir, preempt_host=5, exp='experiments.lm_cloud_autockpt
 
 
 def _last_step(log):
-  steps = [int(n) for n in re.findall(r'Step `(\d+)` completed', _text(log))]
+  steps = [int(n) for n in re.findall(r'Step `(\d+)` completed', process.text_of(log))]
   return steps[-1] if steps else -1
-
-
-def _text(path):
-  if not os.path.exists(path):
-    return ''
-  with open(path, errors='replace') as f:
-    return f.read()
-
-
-def _until(value, job, timeout):
-  """Polls value() until it is truthy; raises if the job ended or the time ran out first."""
-  deadline = time.time() + timeout
-  while time.time() < deadline:
-    got = value()
-    if got:
-      return got
-    if job.proc.poll() is not None:
-      raise RuntimeError(f'the launcher exited {job.proc.returncode} early:\n{job.log()[-3000:]}')
-    time.sleep(0.5)
-  raise TimeoutError(f'gave up after {timeout} s:\n{job.log()[-3000:]}')
 
 
 def main(argv=None):

@@ -180,11 +180,8 @@ def _two_hosts_step_ms(storage: Storage, name: str, secs: float, *flags: str) ->
   job = process.Job(argv, os.path.join(storage.workdir, f'{name}.log'), env=storage.env())
   host0 = os.fspath(layout.host_log_path(job_dir, 0))
   try:
-    deadline = time.time() + 900
-    while not (os.path.exists(host0) and 'Step `3` completed' in open(host0, errors='replace').read()):
-      if time.time() > deadline or job.proc.poll() is not None:
-        raise RuntimeError(f'{name} did not start training: {job.log()[-2000:]}')
-      time.sleep(0.5)
+    process.wait_until(lambda: 'Step `3` completed' in process.text_of(host0), f'step 3 of {name}', 900, 0.5,
+                       job)
     time.sleep(secs)
   finally:
     job.kill()
