@@ -25,6 +25,13 @@ def test_a_job_that_exits_first_fails_at_once_with_its_log(tmp_path):
   assert 'after 60' not in str(raised.value)
 
 
+def test_what_a_job_wrote_before_exiting_still_counts(tmp_path):
+  job = process.Job([sys.executable, '-c', 'print("exit 143")'], str(tmp_path / 'log'))
+  job.wait(60)
+  answers = iter([False, 'exit 143'])  # false before the exit is seen, true on the look after it
+  assert process.wait_until(lambda: next(answers), 'the exit line', timeout=60, job=job) == 'exit 143'
+
+
 def test_text_of_reads_from_a_byte_offset_and_is_empty_before_the_file_exists(tmp_path):
   path = tmp_path / 'host0.log'
   assert process.text_of(str(path)) == ''
