@@ -26,10 +26,19 @@ def test_a_job_that_exits_first_fails_at_once_with_its_log(tmp_path):
 
 
 def test_what_a_job_wrote_before_exiting_still_counts(tmp_path):
-  job = process.Job([sys.executable, '-c', 'print("exit 143")'], str(tmp_path / 'log'))
-  job.wait(60)
-  answers = iter([False, 'exit 143'])  # false before the exit is seen, true on the look after it
-  assert process.wait_until(lambda: next(answers), 'the exit line', timeout=60, job=job) == 'exit 143'
+  job = process.Job([sys.executable, '-c', 'import time; time.sleep(1); print("exit 143")'],
+                    str(tmp_path / 'log'))
+  looks = []
+
+  def cond():  # the first look misses the line, and the job exits right after it
+    looks.append(1)
+    if len(looks) == 1:
+      job.wait(60)
+      return False
+    return 'exit 143' in job.log()
+
+  assert process.wait_until(cond, 'the exit line', timeout=60, job=job)
+  assert len(looks) == 2
 
 
 def test_text_of_reads_from_a_byte_offset_and_is_empty_before_the_file_exists(tmp_path):

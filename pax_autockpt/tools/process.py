@@ -35,13 +35,11 @@ def wait_until(cond: Callable[[], T], what: str, timeout: float = 300, every: fl
   with the job's last log lines."""
   deadline = time.time() + timeout
   while True:
+    exited = job is not None and job.proc.poll() is not None  # before cond: its last words count
     value = cond()
     if value:
       return value
-    if job is not None and job.proc.poll() is not None:
-      value = cond()  # what it wrote just before exiting still counts
-      if value:
-        return value
+    if exited:
       raise RuntimeError(f'process exited {job.proc.returncode} before {what}{_tail(job)}')
     if time.time() > deadline:
       raise TimeoutError(f'no {what} after {timeout} s{_tail(job)}')
