@@ -152,3 +152,28 @@ def test_a_training_process_never_imports_the_tools():
               if f.endswith('.py')]
   bad = {os.path.relpath(p, ROOT): m for p in runtime for m in _imports(p) if m.startswith('pax_autockpt.tools')}
   assert not bad, bad
+
+
+def _sys_exits(path: str):
+  """(line, at the top of `if __name__ == '__main__':` or of a __main__.py) for each sys.exit call."""
+  tree = ast.parse(open(path).read())
+  guarded = {id(n) for stmt in tree.body if isinstance(stmt, ast.If) and '__name__' in ast.unparse(stmt.test)
+             for n in ast.walk(stmt)}
+  top = os.path.basename(path) == '__main__.py'
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Call) and ast.unparse(node.func) == 'sys.exit':
+      yield node.lineno, top or id(node) in guarded
+
+
+def test_only_the_entry_points_and_the_executor_exit():
+  """The checkpointer and the rest raise; `main`, the mixin's `validate` (stock paxml/main.py's entry
+  into the plugin) and the executor turn outcomes into exit codes, and tools exit only as scripts."""
+  exits_allowed = {'main.py', 'executor.py', 'experiment.py'}
+  bad = []
+  for folder, _, files in os.walk(os.path.join(ROOT, 'pax_autockpt')):
+    for f in (f for f in files if f.endswith('.py')):
+      path = os.path.join(folder, f)
+      runtime = folder == os.path.join(ROOT, 'pax_autockpt')
+      bad += [f'{os.path.relpath(path, ROOT)}:{line}' for line, as_script in _sys_exits(path)
+              if not (f in exits_allowed if runtime else as_script)]
+  assert not bad, bad
