@@ -84,15 +84,20 @@ class PrimaryDecides:
     return answer
 
 
-def first_report(key: str, host: int, report: str | None) -> str | None:
-  """Every host passes its own finding (or None) and gets the same answer back: the finding of the
-  lowest-numbered host that had one, or None. For the main thread (before training, or at a step every
-  host saves): it meets the other hosts at a barrier of the coordination service, never a device
-  collective."""
+def reports(key: str, host: int, report: str | None) -> dict[int, str]:
+  """Every host passes its own finding (or None) and gets every host's findings back (host -> text),
+  the same on every host. For the main thread (before training, or at a step every host saves): it
+  meets the other hosts at a barrier of the coordination service, never a device collective. Each
+  `key` is used once."""
   client = distributed.global_state.client
   if client is None or jax.process_count() == 1:
-    return report
+    return {host: report} if report else {}
   client.key_value_set(f'{key}/host/{host}', report or '')
   client.wait_at_barrier(f'{key}/barrier', _TIMEOUT_MS)
-  found = sorted((int(k.rsplit('/', 1)[-1]), v) for k, v in client.key_value_dir_get(f'{key}/host/') if v)
-  return found[0][1] if found else None
+  return {int(k.rsplit('/', 1)[-1]): v for k, v in client.key_value_dir_get(f'{key}/host/') if v}
+
+
+def first_report(key: str, host: int, report: str | None) -> str | None:
+  """The finding of the lowest-numbered host that had one, or None, on every host (see `reports`)."""
+  found = reports(key, host, report)
+  return found[min(found)] if found else None

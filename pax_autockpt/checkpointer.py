@@ -1,5 +1,5 @@
 """Wraps Pax's training checkpointer: saves at the agreed preemption step, tracks commits, applies
-the save and preservation policies, and passes damaged checkpoints over at restore."""
+the save and preservation policies, and hands the restore to pax_autockpt.restore."""
 
 import itertools
 import threading
@@ -10,13 +10,12 @@ from absl import logging
 from etils import epath
 import jax
 from jax._src import distributed
-from praxis import py_utils
 
 from pax_autockpt import agreement
 from pax_autockpt import background_save
 from pax_autockpt import costs as costs_lib
 from pax_autockpt import events as events_lib
-from pax_autockpt import integrity
+from pax_autockpt import failures
 from pax_autockpt import internals
 from pax_autockpt import layout
 from pax_autockpt import manifest as manifest_lib
@@ -25,12 +24,9 @@ from pax_autockpt import notices
 from pax_autockpt import outcomes
 from pax_autockpt import policies
 from pax_autockpt import preemption
+from pax_autockpt import restore as restore_lib
 from pax_autockpt import settings as settings_lib
 from pax_autockpt import summaries as summaries_lib
-
-
-def one_line(error: BaseException) -> str:
-  return f'{type(error).__name__}: {error}'.splitlines()[0][:300]
 
 
 class AutockptCheckpointer:
@@ -88,6 +84,9 @@ class AutockptCheckpointer:
     self._unrestorable = set(layout.marked_unrestorable_steps(self.checkpoint_dir))
     self._free_tries = itertools.count()  # a fresh agreement key for each try at freeing a name
     self.last_step: int | None = inner.step_to_restore
+    self._restorer = restore_lib.Restorer(inner, events=events, checksums=settings.checksums,
+                                          retry_secs=settings.restore_retry_secs,
+                                          set_aside=self._forget_unrestorable)
 
   def __getattr__(self, name: str) -> Any:
     return getattr(self._inner, name)
@@ -108,41 +107,8 @@ class AutockptCheckpointer:
   # --- restore ---------------------------------------------------------------------------------
 
   def get_model_states(self, partitioner, metadata, root_prng_key, train_input_pipeline=None):
-    """Pax's restore, falling back to the next newest committed checkpoint when one is damaged.
-
-    A checkpoint that looks whole but fails to restore may be damaged (a truncated file) or may not
-    fit the model any more (a changed config). The first such failure is passed over; a second one
-    in a row stops the run instead of setting every checkpoint aside.
-    """
-    failed_whole = None
-    while True:
-      step = self._inner.step_to_restore
-      found = integrity.problems(self._step_dir(step)) if step is not None else []
-      if found:
-        self._skip_unrestorable(step, '; '.join(found))
-        continue
-      began = time.time()
-      try:
-        restored = self._inner.get_model_states(partitioner, metadata, root_prng_key, train_input_pipeline)
-        if step is not None:
-          logging.info('[autockpt] checkpoint %d restored in %.3f s.', step, time.time() - began)
-      except Exception as e:  # pylint: disable=broad-except
-        if step is None:
-          raise
-        if failed_whole is not None:
-          logging.error('[autockpt] checkpoints %d and %d both fail to restore (%s): the model or its '
-                        'config probably changed; stopping, nothing more set aside.', failed_whole,
-                        step, one_line(e))
-          raise
-        failed_whole = step
-        self._skip_unrestorable(step, one_line(e))
-        continue
-      mismatch = self._verify(step, restored[0]) if step is not None and self._checksums else None
-      if mismatch is None:
-        return restored
-      self._skip_unrestorable(step, mismatch)
-
-  # --- content manifests ---------------------------------------------------------------------------
+    """Pax's restore, checked, classified and agreed by every host (pax_autockpt.restore)."""
+    return self._restorer.get_model_states(partitioner, metadata, root_prng_key, train_input_pipeline)
 
   def _write_manifest(self, step: int, directory: epath.Path, items: dict[str, Any]) -> None:
     """In the background save, before the commit: this host's digests of what it writes."""
@@ -150,35 +116,9 @@ class AutockptCheckpointer:
     manifest_lib.write(directory, manifest_lib.build(items['state'], use_ocdbt=self._use_ocdbt,
                                                      host=self._events.host))
 
-  def _verify(self, step: int, state: Any) -> str | None:
-    """Digests what this host restored against the manifest; every host gets the same answer (the
-    first mismatch any host found, naming the array, the shard and the host), or None."""
-    start, path = time.time(), self._step_dir(step)
-    try:
-      expected = manifest_lib.read(path)
-    except manifest_lib.ManifestError as e:
-      return agreement.first_report(f'autockpt/verify/{step}', self._events.host, f'manifest: {e}')
-    if expected is None:
-      logging.info('[autockpt] checkpoint %d has no content manifest (saved before checksums, or by stock '
-                   'paxml): restored unverified.', step)
-      return agreement.first_report(f'autockpt/verify/{step}', self._events.host, None)
-    arrays = internals.array_names(state, use_ocdbt=internals.is_ocdbt_checkpoint(path))
-    problems, checked = manifest_lib.compare(arrays, expected)
-    logging.info('[autockpt] checkpoint %d: %d shards of %d arrays checked against the manifest in %.3f s, '
-                 '%d mismatched.', step, checked, len(arrays), time.time() - start, len(problems))
-    mine = f'host {self._events.host}: {problems[0]}' if problems else None
-    return agreement.first_report(f'autockpt/verify/{step}', self._events.host, mine)
-
-  def _skip_unrestorable(self, step: int, error: str) -> None:
-    """Sets the checkpoint aside (never deletes it) and points Pax at the next newest one."""
-    self._events.write('restore_skipped', step=step, error=error)
-    where = 'set aside by host 0'
-    if self._events.host == 0:
-      where = layout.set_aside_damaged(self._events.job_log_dir, self._step_dir(step), error)
-    logging.error('[autockpt] checkpoint %d cannot be restored (%s); %s, trying the next newest.',
-                  step, error, where)
-    py_utils.sync_global_devices(f'autockpt:unrestorable:{step}')
-    internals.restore_newest_instead(self._inner)
+  def _forget_unrestorable(self, step: int) -> None:
+    """After the restore set a damaged checkpoint aside: out of the policies' history; on object
+    storage its name stays taken (marked in place) until a save is due there."""
     if layout.is_object_store(self.checkpoint_dir):
       self._unrestorable.add(step)
     with self._lock:
@@ -270,7 +210,7 @@ class AutockptCheckpointer:
       self._inner.save_final(step, **state)  # Pax builds its items; orbax's save() takes the snapshot
     except Exception as e:  # pylint: disable=broad-except
       logging.error('[autockpt] %s save of step %d failed to start (%s); the newest committed checkpoint '
-                    'is %s.', reason, step, one_line(e), self.newest_committed())
+                    'is %s.', reason, step, failures.one_line(e), self.newest_committed())
       return
     blocking = time.time() - start
     self._background.launch(
@@ -296,7 +236,7 @@ class AutockptCheckpointer:
       self._committed(step, start, **save)
       return
     logging.error('[autockpt] save of step %d failed to commit (%s); the newest committed checkpoint is %s.',
-                  step, one_line(error) if error else 'not committed', self.newest_committed())
+                  step, failures.one_line(error) if error else 'not committed', self.newest_committed())
     if self._events.host == 0:
       self._remove_leftovers(step)
 
@@ -313,7 +253,7 @@ class AutockptCheckpointer:
         aside = layout.move_aside(self._events.job_log_dir, self._step_dir(step))
         logging.warning('[autockpt] step %d is due again: its damaged checkpoint moved to %s.', step, aside)
       except Exception as e:  # pylint: disable=broad-except
-        error = f'its damaged checkpoint could not be moved aside: {one_line(e)}'
+        error = f'its damaged checkpoint could not be moved aside: {failures.one_line(e)}'
     error = agreement.first_report(f'autockpt/free-name/{step}/{next(self._free_tries)}', self._events.host,
                                    error)
     if error is not None:
@@ -337,7 +277,7 @@ class AutockptCheckpointer:
     try:
       values = metrics_lib.floats(captured)
     except Exception as e:  # pylint: disable=broad-except
-      logging.warning('[autockpt] could not read the metrics of step %d: %s', step, one_line(e))
+      logging.warning('[autockpt] could not read the metrics of step %d: %s', step, failures.one_line(e))
       return None
     if values and self._preservation is not None:
       self._metrics[step] = values
@@ -361,7 +301,7 @@ class AutockptCheckpointer:
         leftover.rmtree()
     except Exception as e:  # pylint: disable=broad-except
       logging.warning('[autockpt] could not remove what the failed save of step %d left: %s', step,
-                      one_line(e))
+                      failures.one_line(e))
 
   def _preserve(self) -> None:
     """Deletes what the preservation policy does not keep (primary host, after a commit)."""

@@ -11,6 +11,7 @@ from paxml import executors
 
 from pax_autockpt import checkpointer as checkpointer_lib
 from pax_autockpt import events as events_lib
+from pax_autockpt import failures
 from pax_autockpt import internals
 from pax_autockpt import metrics as metrics_lib
 from pax_autockpt import outcomes
@@ -38,8 +39,13 @@ class AutockptExecutor(executors.DefaultExecutor):
     logging.info('[autockpt] host %d/%d, restoring step %s, settings: %s', jax.process_index(),
                  jax.process_count(), checkpointer.step_to_restore, settings_lib.describe(self._settings))
     warn_if_cpu_compilation_cache()
-    super().setup(jax_task, job_log_dir, wrapped, *args,
-                  exit_after_ondemand_checkpoint=exit_after_ondemand_checkpoint, **kwargs)
+    try:
+      super().setup(jax_task, job_log_dir, wrapped, *args,
+                    exit_after_ondemand_checkpoint=exit_after_ondemand_checkpoint, **kwargs)
+    except outcomes.RestoreMismatch as stop:  # a config slip: nothing moved, the same command fixed resumes
+      self._exit(2, stop.step, f'{stop}; exiting 2.', error=True)
+    except outcomes.RestoreFailed as stop:
+      self._exit(1, stop.step, f'{stop}; exiting 1.', error=True)
     step_metrics.tap(*internals.programs(self))  # each saved step's metrics, for BestN
     # After the restore: a damaged newest checkpoint may have been passed over.
     self._events.write('start', num_hosts=jax.process_count(), pid=os.getpid(),
@@ -60,7 +66,7 @@ class AutockptExecutor(executors.DefaultExecutor):
       # can: one line naming what a restart resumes from, instead of a traceback.
       self._exit(1, self._checkpointer.last_step,
                  f'training stopped at step {self._checkpointer.last_step}, the disk is full '
-                 f'({checkpointer_lib.one_line(e)}); the newest committed checkpoint is '
+                 f'({failures.one_line(e)}); the newest committed checkpoint is '
                  f'{self._checkpointer.newest_committed()}; exiting 1.', error=True)
     self._events.write('exit', code=0, step=self._checkpointer.last_step)
     self._events.flush()

@@ -30,12 +30,30 @@ class AutockptMixin:
   def validate(self) -> None:
     super().validate()
     try:
-      self.autockpt_settings()
+      settings = self.autockpt_settings()
     except settings_lib.ConfigError as e:
       _config_error(str(e))
+    self._check_processes()
     self._check_mesh()
+    from absl import logging  # pylint: disable=g-import-not-at-top
+
     from pax_autockpt import internals  # pylint: disable=g-import-not-at-top  (orbax-heavy)
+    warning = internals.version_warning()
+    if warning:
+      logging.warning('[autockpt] %s', warning)
     internals.keep_unrestorable_at_startup()  # before Pax builds the checkpoint manager
+    internals.retry_listing(settings.restore_retry_secs)
+
+  def _check_processes(self) -> None:
+    """Several processes without jax.distributed's client (stock paxml main skips its initialize
+    under --jax_fully_async_checkpoint=false): every barrier and broadcast of the saves would silently
+    do nothing, and hosts would commit before their peers finished writing."""
+    import jax  # pylint: disable=g-import-not-at-top
+    from jax._src import distributed  # pylint: disable=g-import-not-at-top
+    if jax.process_count() > 1 and distributed.global_state.client is None:
+      _config_error(f'{jax.process_count()} processes but no jax.distributed coordination service: pass '
+                    '--jax_fully_async_checkpoint=true (python -m pax_autockpt.main does) or call '
+                    'jax.distributed.initialize() before training')
 
   def _check_mesh(self) -> None:
     import jax  # pylint: disable=g-import-not-at-top

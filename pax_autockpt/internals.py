@@ -1,11 +1,13 @@
 """Every place the plugin reaches into private parts of paxml 1.4.0 and orbax-checkpoint 0.5.9, and why.
 
 Neither has hooks for these; each function names the private attribute it uses, so that an upgrade
-has one file to check.
+has one file to check. `version_warning` says in one line when other versions are installed.
 """
 
 import collections
+import contextlib
 import dataclasses
+import importlib.metadata
 import json
 import threading
 from typing import Any, Callable
@@ -17,14 +19,37 @@ import numpy as np
 from orbax.checkpoint import multihost as orbax_multihost
 from orbax.checkpoint import utils as orbax_utils
 
+from pax_autockpt import failures
 from pax_autockpt import layout
 
+WRITTEN_FOR = {'paxml': '1.4.0', 'orbax-checkpoint': '0.5.9'}
 _original_tmp_checkpoints = orbax_utils.tmp_checkpoints
+_original_checkpoint_steps = orbax_utils.checkpoint_steps
+
+
+def version_warning() -> str | None:
+  """One line when the installed paxml or orbax is not the version these patches were written for."""
+  installed = {name: importlib.metadata.version(name) for name in WRITTEN_FOR}
+  other = [f'{name} {v} (written for {WRITTEN_FOR[name]})' for name, v in installed.items() if v != WRITTEN_FOR[name]]
+  if not other:
+    return None
+  return (f'pax_autockpt patches private parts of {", ".join(other)}: saves, restores or their '
+          'agreement may misbehave; install the versions it was written for (make venv does).')
 
 
 def _tmp_checkpoints_keeping_unrestorable(checkpoint_dir: epath.PathLike) -> list[str]:
   names = _original_tmp_checkpoints(checkpoint_dir)
   return [n for n in names if not layout.is_marked_unrestorable(epath.Path(checkpoint_dir) / n)]
+
+
+def retry_listing(budget_secs: float) -> None:
+  """orbax lists a job's checkpoints when Pax builds its checkpoint manager, before any restore code of
+  ours runs; a storage outage there (TensorFlow's own 10 retries exhausted) ended the run with a
+  traceback. The listing is one host's own read: retried here along failures.backoff."""
+  def checkpoint_steps(*args, **kwargs):
+    return failures.retrying_transient(lambda: _original_checkpoint_steps(*args, **kwargs),
+                                       'listing the checkpoints', budget_secs)
+  orbax_utils.checkpoint_steps = checkpoint_steps
 
 
 def keep_unrestorable_at_startup() -> None:
@@ -101,6 +126,29 @@ def saving_enabled(pax_checkpointer: Any) -> bool:
   return getattr(pax_checkpointer, '_enable_checkpoint_saving', True)
 
 
+def guard_restore(pax_checkpointer: Any, guard: Callable[..., Any]) -> None:
+  """Pax's get_model_states reads the arrays in `_restore_with_args`, then starts device computations
+  on the restored state. `guard(read, *args, **kwargs)` runs in its place, so that every host can agree
+  on the read's outcome before those computations (pax_autockpt.restore)."""
+  read = pax_checkpointer._restore_with_args  # pylint: disable=protected-access
+  pax_checkpointer._restore_with_args = lambda *args, **kwargs: guard(read, *args, **kwargs)  # pylint: disable=protected-access
+
+
+_restoring = threading.local()
+
+
+@contextlib.contextmanager
+def no_orbax_restore_barrier():
+  """orbax's Checkpointer.restore ends in a barrier of all hosts; a host whose read failed never
+  reaches it and the others would wait there for the barrier's timeout. Inside this block that barrier
+  is skipped: the caller's agreement on the outcome is the barrier."""
+  _restoring.active = True
+  try:
+    yield
+  finally:
+    _restoring.active = False
+
+
 def restore_newest_instead(pax_checkpointer: Any) -> None:
   """After a checkpoint was taken out of the listing: re-list, and restore the newest one left."""
   orbax_manager(pax_checkpointer).reload()
@@ -122,6 +170,8 @@ def _next_key(kind: str, name: str) -> str:
 def _barrier(name: str, processes: Any = None) -> None:
   client = distributed.global_state.client
   if client is None or jax.process_count() == 1:
+    return
+  if name == 'Checkpointer:restore' and getattr(_restoring, 'active', False):
     return
   if processes is not None:
     raise NotImplementedError('orbax barrier over a subset of processes (paxml 1.4.0 uses none)')

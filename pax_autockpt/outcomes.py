@@ -29,3 +29,13 @@ class Preempted(StopTraining):
 
 class SaveFailed(StopTraining):
   """The on-demand save did not commit; a restart resumes from the newest committed checkpoint."""
+
+
+class RestoreMismatch(StopTraining):
+  """The checkpoint to restore is whole but does not fit this run (a changed config): exit 2, nothing
+  moved; the same checkpoint restores once the config is right."""
+
+
+class RestoreFailed(StopTraining):
+  """The checkpoint could not be restored for a reason that is not damage (storage errors that outlasted
+  the retries, or an error not recognised): exit 1, nothing moved."""

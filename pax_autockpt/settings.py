@@ -123,6 +123,9 @@ class Settings:
   best_mode: str = option('min', "keep_best: 'min' keeps the lowest values, 'max' the highest", rule=_best_mode)
   checksums: bool = option(True, 'write a content manifest (xxh3 of every array shard) inside each checkpoint '
                            'before its commit, and check it before training resumes from the checkpoint', rule=_bool)
+  restore_retry_secs: float = option(300.0, 'a restore that fails with a storage or network error is retried '
+                                     'with backoff this long, then the run exits 1 with nothing moved',
+                                     rule=_seconds_at_least_0)
   save_policy: Any = option(None, 'any save-decision policy object, or a `pax_fiddle.Config` of one',
                             rule=_save_policy, flag=False,
                             replaced_by=('continuous', 'min_interval_secs', 'mtbf_hours'))

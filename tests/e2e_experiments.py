@@ -14,3 +14,12 @@ class TinyContinuousRareSummaries(lm_cloud_autockpt.LmCloudSpmdTinyContinuousAut
     task_p = super().task()
     task_p.train.summary_interval_steps = 1_000_000
     return task_p
+
+
+@experiment_registry.register
+class TinyWiderModel(lm_cloud_autockpt.LmCloudSpmdTinyAutockpt):
+  """The tiny model with MODEL_DIMS 96 instead of 64: a typical config slip between a preemption and
+  its restart. Its checkpoints do not fit the tiny model, nor the tiny model's checkpoints it."""
+
+  MODEL_DIMS = 96
+  HIDDEN_DIMS = MODEL_DIMS * 4

@@ -175,6 +175,7 @@ class FakePaxCheckpointer:
     self._step_to_restore = self.checkpoint_manager.latest_step()
     self.restored: list[int | None] = []  # the steps get_model_states restored
     self.restored_states: dict[int, Any] = {}  # step -> the state its restore returns (default STATE)
+    self.fail_restore: BaseException | list[BaseException | None] | None = None
 
   @property
   def orbax(self) -> FakeOrbaxManager:
@@ -185,13 +186,22 @@ class FakePaxCheckpointer:
     return self._step_to_restore
 
   def get_model_states(self, partitioner, metadata, root_prng_key, train_input_pipeline=None):
+    """As paxml: reads the arrays (`_restore_with_args`), then works on the restored state."""
     del partitioner, metadata, root_prng_key, train_input_pipeline
     step = self._step_to_restore
-    if step is not None and not (self.checkpoint_manager.directory / f'checkpoint_{step:08d}').is_dir():
+    state = STATE if step is None else self._restore_with_args(step)
+    return state, None, step or 0, None
+
+  def _restore_with_args(self, step, *args):
+    """Reads a checkpoint back: `fail_restore` (an exception, or a list taken one per call) first."""
+    del args
+    failure = self.fail_restore.pop(0) if isinstance(self.fail_restore, list) else self.fail_restore
+    if failure is not None:
+      raise failure
+    if not (self.checkpoint_manager.directory / f'checkpoint_{step:08d}').is_dir():
       raise FileNotFoundError(f'no checkpoint for step {step}')
     self.restored.append(step)
-    state = self.restored_states.get(step, STATE)  # what "reading the arrays back" gives
-    return state, None, step or 0, None
+    return self.restored_states.get(step, STATE)  # what "reading the arrays back" gives
 
   def save_final(self, step_i: int, *, partitioned_train_state: Any,
                  train_state_unpadded_shape_dtype_struct=None, train_state_pspecs=None,

@@ -1,0 +1,282 @@
+"""How a restart chooses, checks, classifies and agrees on the checkpoint it restores.
+
+Pax restores the newest committed checkpoint it lists (`step_to_restore`). For that step, in order:
+1. check, before any array is read: the files a committed checkpoint must have (`integrity`) and
+   whether it fits this run (`fit_problem`: each array's saved shape and dtype against this model's,
+   the input state's number of hosts);
+2. read: Pax's own restore; a failure is classified (`failures.classify`);
+3. verify: the digests of what was read against the checkpoint's manifest.
+After each phase every host publishes what it found and all act on one agreed finding (the most
+conservative kind any host found, `failures.PRECEDENCE`), through the coordination service, before
+any device collective: damage sets the checkpoint aside and the next newest is tried; a mismatch ends
+the run with exit 2 and a transient failure is retried along `failures.backoff`, then exit 1 — both with
+one line and nothing moved; anything unrecognised exits 1, nothing moved.
+"""
+
+import dataclasses
+import json
+import time
+from typing import Any, Callable
+
+from absl import logging
+from etils import epath
+
+from pax_autockpt import agreement
+from pax_autockpt import events as events_lib
+from pax_autockpt import failures
+from pax_autockpt import integrity
+from pax_autockpt import internals
+from pax_autockpt import layout
+from pax_autockpt import manifest as manifest_lib
+from pax_autockpt import outcomes
+
+Kind = failures.Kind
+_FIX = 'nothing was moved: rerun with the config that wrote it, or use a new --job_log_dir'
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+  """What one host found wrong with a checkpoint, or what all hosts agreed on."""
+
+  kind: Kind
+  reason: str
+  host: int = 0
+
+  def encode(self) -> str:
+    return f'{self.kind.value}|{self.reason}'
+
+  @classmethod
+  def decode(cls, host: int, text: str) -> 'Finding':
+    kind, reason = text.split('|', 1)
+    return cls(Kind(kind), reason, host)
+
+
+def decide(found: dict[int, str]) -> Finding | None:
+  """The one finding every host acts on: the most conservative kind, then the lowest host."""
+  findings = [Finding.decode(h, t) for h, t in sorted(found.items())]
+  return min(findings, key=lambda f: failures.PRECEDENCE.index(f.kind), default=None)
+
+
+def agree(key: str, host: int, mine: Finding | None) -> Finding | None:
+  """Every host passes its own finding and gets the same decision back."""
+  return decide(agreement.reports(key, host, mine.encode() if mine else None))
+
+
+# --- does the checkpoint fit this run? -----------------------------------------------------------
+
+
+def _arrays(tree: Any, prefix: str = '') -> dict[str, dict[str, Any]]:
+  """Pax's metadata tree ({name: {..., _array_metadata_tag: true}}) as dotted name -> leaf."""
+  if isinstance(tree, dict) and tree.get('_array_metadata_tag'):
+    return {prefix: tree}
+  if isinstance(tree, dict):
+    items = tree.items()
+  elif isinstance(tree, (list, tuple)):
+    items = enumerate(tree)
+  else:
+    return {}
+  out = {}
+  for k, v in items:
+    out.update(_arrays(v, f'{prefix}.{k}' if prefix else str(k)))
+  return out
+
+
+def _shown(leaf: dict[str, Any] | None) -> str:
+  if leaf is None:
+    return 'absent'
+  shape = leaf.get('unpadded_shape')
+  return f'{leaf.get("dtype", "?")}{list(shape) if shape is not None else "[?]"}'
+
+
+def expected_arrays(metadata: Any) -> dict[str, dict[str, Any]]:
+  """This run's arrays as Pax records them in a checkpoint's metadata item (paxml's own PaxMetadata)."""
+  from paxml import checkpoint_metadata  # pylint: disable=g-import-not-at-top  (paxml-heavy)
+  pax = checkpoint_metadata.PaxMetadata.from_padded_and_unpadded(
+      metadata.padded_global_shapes, metadata.unpadded_global_shapes, version=1.1)
+  return _arrays(json.loads(json.dumps(pax.to_dict()['train_state_metadata'], default=list)))
+
+
+def array_mismatch(saved: dict[str, dict[str, Any]], expected: dict[str, dict[str, Any]]) -> str | None:
+  """The first array (by name) whose saved shape or dtype is not this run's, or that one side lacks."""
+  for name in sorted(saved.keys() | expected.keys()):
+    a, b = saved.get(name), expected.get(name)
+    if a is None or b is None or (a.get('is_optax_masked_node') and b.get('is_optax_masked_node')):
+      if a is None or b is None:
+        return f'{name} is {_shown(a)} there, {_shown(b)} here'
+      continue
+    if list(a.get('unpadded_shape') or []) != list(b.get('unpadded_shape') or []) or a.get('dtype') != b.get('dtype'):
+      return f'{name} is {_shown(a)} there, {_shown(b)} here'
+  return None
+
+
+def fit_problem(step_path: epath.Path, metadata: Any, *, input_state: bool, host: int, hosts: int) -> str | None:
+  """Why a whole checkpoint cannot serve this run, or None. Reads only its small metadata files."""
+  meta = step_path / 'metadata' / 'metadata'
+  if metadata is not None and getattr(metadata, 'unpadded_global_shapes', None) is not None and meta.exists():
+    saved = json.loads(meta.read_text()).get('train_state_metadata')  # unparseable: damage
+    if saved is not None:
+      differs = array_mismatch(_arrays(saved), expected_arrays(metadata))
+      if differs:
+        return differs
+  inputs = step_path / 'train_input'
+  if input_state and inputs.is_dir() and not (inputs / f'process_{host}-of-{hosts}').exists():
+    written = sorted(p.name for p in inputs.iterdir())
+    return (f'its input state was written by {written[0].rsplit("-of-", 1)[-1] if written else "no"} '
+            f'hosts ({", ".join(written[:2])}), this run has {hosts}')
+  return None
+
+
+# --- the restore -----------------------------------------------------------------------------------
+
+
+class _Agreed(Exception):
+  """Raised on every host out of Pax's restore once the hosts agreed that it failed."""
+
+  def __init__(self, finding: Finding):
+    super().__init__(finding.reason)
+    self.finding = finding
+
+
+class Restorer:
+  """Pax's `get_model_states` for a wrapped Pax checkpointer (see the module docstring)."""
+
+  def __init__(self, inner: Any, *, events: events_lib.EventLog, checksums: bool, retry_secs: float,
+               set_aside: Callable[[int], None]):
+    """`set_aside(step)` is called on every host after a damaged checkpoint left the listing."""
+    self._inner = inner
+    self._events = events
+    self._host = events.host
+    self._checksums = checksums
+    self._pauses = failures.backoff(retry_secs)
+    self._retry_secs = retry_secs
+    self._forget = set_aside
+    self._key = ''
+    internals.guard_restore(inner, self._guarded_read)
+
+  @property
+  def checkpoint_dir(self) -> epath.Path:
+    return epath.Path(self._inner.checkpoint_manager.directory)
+
+  def get_model_states(self, partitioner, metadata, root_prng_key, train_input_pipeline=None):
+    tries = 0
+    while True:
+      step = self._inner.step_to_restore
+      if step is None:
+        logging.info('[autockpt] no committed checkpoint: starting fresh.')
+        return self._inner.get_model_states(partitioner, metadata, root_prng_key, train_input_pipeline)
+      self._key = f'autockpt/restore/{step}/{tries}'
+      began, restored = time.time(), None
+      found = agree(f'{self._key}/check', self._host, self._check(step, metadata, train_input_pipeline))
+      if found is None:
+        try:
+          restored = self._inner.get_model_states(partitioner, metadata, root_prng_key, train_input_pipeline)
+        except _Agreed as e:
+          found = e.finding
+      if found is None and self._checksums:
+        found = agree(f'{self._key}/verify', self._host, self._verify(step, restored[0]))
+      if found is None:
+        logging.info('[autockpt] checkpoint %d restored in %.3f s.', step, time.time() - began)
+        return restored
+      tries = self._act(step, found, tries)
+
+  def _check(self, step: int, metadata: Any, train_input_pipeline: Any) -> Finding | None:
+    path = layout.step_dir(self.checkpoint_dir, step)
+    try:
+      found = integrity.problems(path)
+      if found:
+        return Finding(Kind.DAMAGE, '; '.join(found), self._host)
+      import jax  # pylint: disable=g-import-not-at-top
+      differs = fit_problem(path, metadata, input_state=train_input_pipeline is not None, host=self._host,
+                            hosts=jax.process_count())
+    except Exception as e:  # pylint: disable=broad-except
+      return Finding(failures.classify(e), failures.one_line(e), self._host)
+    return Finding(Kind.MISMATCH, differs, self._host) if differs else None
+
+  def _guarded_read(self, read: Callable[..., Any], *args, **kwargs) -> Any:
+    """Pax's restore proper (its `_restore_with_args`): every host learns whether all hosts read their
+    part, before Pax's next device collective; a failure anywhere raises _Agreed everywhere."""
+    mine, restored = None, None
+    with internals.no_orbax_restore_barrier():  # the agreement below is the barrier
+      try:
+        restored = read(*args, **kwargs)
+      except Exception as e:  # pylint: disable=broad-except
+        mine = Finding(failures.classify(e), failures.one_line(e), self._host)
+    found = agree(f'{self._key}/read', self._host, mine)
+    if found is not None:
+      raise _Agreed(found)
+    return restored
+
+  def _verify(self, step: int, state: Any) -> Finding | None:
+    """This host's restored shards against the manifest; every shard this host holds whose place the
+    manifest knows."""
+    start, path = time.time(), layout.step_dir(self.checkpoint_dir, step)
+    try:
+      expected = manifest_lib.read(path)
+      if expected is None:
+        logging.info('[autockpt] checkpoint %d has no content manifest (saved before checksums, or by stock '
+                     'paxml): restored unverified.', step)
+        return None
+      arrays = internals.array_names(state, use_ocdbt=internals.is_ocdbt_checkpoint(path))
+      problems, checked = manifest_lib.compare(arrays, expected)
+    except manifest_lib.ManifestError as e:
+      return Finding(Kind.DAMAGE, f'manifest: {e}', self._host)
+    except Exception as e:  # pylint: disable=broad-except
+      return Finding(failures.classify(e), failures.one_line(e), self._host)
+    logging.info('[autockpt] checkpoint %d: %d shards of %d arrays checked against the manifest in %.3f s, '
+                 '%d mismatched.', step, checked, len(arrays), time.time() - start, len(problems))
+    return Finding(Kind.DAMAGE, f'host {self._host}: {problems[0]}', self._host) if problems else None
+
+  def _act(self, step: int, found: Finding, tries: int) -> int:
+    """What every host does about the agreed finding; returns the next try's number (0 for the next
+    newest checkpoint), or raises for the executor."""
+    if found.kind is Kind.DAMAGE:
+      self._set_aside(step, found.reason)
+      return 0
+    if found.kind is Kind.TRANSIENT and tries < len(self._pauses):
+      pause = self._pauses[tries]
+      logging.warning('[autockpt] checkpoint %d could not be read (%s); retry %d of %d in %.0f s.', step,
+                      found.reason, tries + 1, len(self._pauses), pause)
+      time.sleep(pause)
+      return tries + 1
+    self._events.write('restore_failed', step=step, kind=found.kind.value, error=found.reason, seen_by=found.host)
+    raise _stop(step, found, self._retry_secs)
+
+  def _set_aside(self, step: int, reason: str) -> None:
+    """Sets the damaged checkpoint aside (never deletes it) and points Pax at the next newest one.
+    Host 0 moves it; every host learns the outcome through the coordination service, then re-lists.
+    Where it cannot be moved, every host stops (exit 1): restoring it again would loop."""
+    self._events.write('restore_skipped', step=step, error=reason)
+    where = None
+    if self._host == 0:
+      try:
+        where = 'ok|' + layout.set_aside_damaged(self._events.job_log_dir,
+                                                 layout.step_dir(self.checkpoint_dir, step), reason)
+      except Exception as e:  # pylint: disable=broad-except
+        where = f'failed|{failures.one_line(e)}'
+    outcome, where = agreement.first_report(f'autockpt/set-aside/{step}', self._host, where).split('|', 1)
+    if outcome == 'failed':
+      raise outcomes.RestoreFailed(step, _fit(f'checkpoint {step} is damaged ({{}}) and could not be set aside '
+                                              f'({where}); nothing was deleted', reason))
+    logging.error('[autockpt] checkpoint %d is damaged (%s); %s by host 0, trying the next newest.', step,
+                  reason, where)
+    internals.restore_newest_instead(self._inner)
+    self._forget(step)
+
+
+def _fit(template: str, reason: str, limit: int = 300) -> str:
+  """`template` with `reason` in place of {}, the reason cut so that the line keeps to `limit`."""
+  room = max(40, limit - len(template) + 2)
+  return template.replace('{}', reason if len(reason) <= room else reason[:room - 3] + '...', 1)
+
+
+def _stop(step: int, found: Finding, retry_secs: float) -> outcomes.StopTraining:
+  """The one line a failed restore ends with, and its exit code (2 mismatch, else 1)."""
+  where = '' if found.host == 0 else f' (host {found.host})'
+  if found.kind is Kind.MISMATCH:
+    return outcomes.RestoreMismatch(step, _fit(f'checkpoint {step} does not fit this run{where}: {{}}; {_FIX}',
+                                               found.reason))
+  if found.kind is Kind.TRANSIENT:
+    return outcomes.RestoreFailed(step, _fit(f'checkpoint {step} could not be read for {retry_secs:g} s{where} '
+                                             '({}); nothing was moved: rerun once storage is back', found.reason))
+  return outcomes.RestoreFailed(step, _fit(f'checkpoint {step} failed to restore{where} ({{}}); not recognised '
+                                           'as damage, so nothing was moved', found.reason))
