@@ -245,3 +245,11 @@ def wrap(job_log_dir, settings: settings_lib.Settings | None = None, metrics=Non
 def events(job_log_dir, kind: str | None = None) -> list[dict[str, Any]]:
   """Host 0's events, all or of one kind."""
   return [e for e in events_lib.read(job_log_dir, 0) if kind is None or e['event'] == kind]
+
+
+def raises(error: BaseException):
+  """A stand-in for a function that fails with `error`."""
+  def fail(*args, **kwargs):
+    del args, kwargs
+    raise error
+  return fail

@@ -10,6 +10,7 @@ import types
 import pytest
 
 from pax_autockpt import events as events_lib
+from pax_autockpt import layout
 from pax_autockpt.tools import process
 from tests.conftest import assert_restorable
 from tests.conftest import checkpoint_steps
@@ -21,6 +22,7 @@ from tests.conftest import tb_scalars
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group('single_host')]
 
 EXP = process.TINY_EXP
+WIDER = 'tests.e2e_experiments.TinyWiderModel'  # EXP with MODEL_DIMS 96: a config slip
 STEP_DONE = r'\[PAX STATUS\]: Step `\d+` completed'
 # Stock paxml needs the wiring flags on a non-TPU host, and both seed flags.
 SEED_FLAGS = ('--jax_fully_async_checkpoint', '--exit_after_ondemand_checkpoint', '--num_hosts=1',
@@ -148,10 +150,28 @@ def test_sigterm_before_first_step_exits_143_with_a_restorable_checkpoint(jobs, 
   assert step <= 1
 
 
-def test_sigterm_during_restore_is_not_lost(jobs, preempted, tmp_path):
-  """Stock paxml 1.4.0 loses this SIGTERM (XLA's sync point is never reached) and trains on."""
+def test_a_slipped_config_moves_nothing_and_the_fixed_rerun_resumes_even_if_sigtermed_in_restore(
+    jobs, preempted, tmp_path):
+  """A restart with MODEL_DIMS 64 -> 96 (a config slip right after a preemption): exit 2 with one line
+  naming the checkpoint and the first differing array, every checkpoint where it was. The original
+  command then resumes from the on-demand step, even with a SIGTERM during its restore (stock paxml
+  1.4.0 loses that SIGTERM: XLA's sync point is never reached, and it trains on)."""
   step = _assert_preempted_run(preempted.job_dir, restored=None)
   job_dir = _copy_of(preempted, tmp_path)
+  before = checkpoint_steps(job_dir)
+  slipped = _start(jobs, process.ours_argv(WIDER, job_dir), str(tmp_path / 'wider.log'))
+  assert slipped.wait(180) == 2, slipped.log()[-3000:]
+  line, = [x for x in slipped.log().splitlines() if 'does not fit this run' in x]
+  line = line.split('[autockpt] ', 1)[1]
+  assert line == (f'checkpoint {step} does not fit this run: mdl_vars.params.lm.final_ln.bias is float32[64] there, '
+                  'float32[96] here; nothing was moved: rerun with the config that wrote it, or use a new '
+                  '--job_log_dir; exiting 2.'), line
+  assert len(line) <= 300 and 'Traceback' not in slipped.log()
+  assert checkpoint_steps(job_dir) == before and not layout.unrestorable_dir(job_dir).exists()
+  assert events_of(job_dir, 'restore_failed')[-1] == {**events_of(job_dir, 'restore_failed')[-1], 'step': step,
+                                                       'kind': 'mismatch'}
+  assert events_of(job_dir, 'exit')[-1]['code'] == 2 and not events_of(job_dir, 'restore_skipped')
+
   second = _start(jobs, process.ours_argv(EXP, job_dir), str(tmp_path / 'run2.log'))
   second.wait_for_log(r'\[PAX STATUS\]: Starting checkpoint load')
   second.send(signal.SIGTERM)

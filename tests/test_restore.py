@@ -1,0 +1,174 @@
+"""The restore's decisions around a fake Pax checkpointer (tests/fakes.py), and its fit check against
+paxml's own metadata: only damage moves a checkpoint; a mismatch, a transient failure that outlasts the
+retries and an unknown failure stop the run with one line and leave every checkpoint in place."""
+
+import json
+import types
+
+import jax
+from jax import numpy as jnp
+from paxml import checkpoint_metadata
+from paxml import train_states
+import pytest
+
+from pax_autockpt import failures
+from pax_autockpt import layout
+from pax_autockpt import outcomes
+from pax_autockpt import restore
+from pax_autockpt import settings as settings_lib
+from tests import fakes
+from tests import test_failures
+
+pytestmark = pytest.mark.usefixtures('clean_signals')
+Kind = failures.Kind
+
+
+@pytest.fixture
+def job(tmp_path):
+  return tmp_path / 'job'
+
+
+@pytest.fixture
+def no_sleep(monkeypatch):
+  pauses = []
+  monkeypatch.setattr(restore.time, 'sleep', pauses.append)
+  return pauses
+
+
+def _two_checkpoints(job, retry_secs=300.0):
+  for step in (10, 20):
+    fakes.write_checkpoint(layout.step_dir(layout.checkpoint_dir(job), step))
+  return fakes.wrap(job, settings_lib.Settings(notices='off', checksums=False, restore_retry_secs=retry_secs))
+
+
+def _listing(job):
+  ckpt = layout.checkpoint_dir(job)
+  aside = layout.unrestorable_dir(job)
+  return sorted(p.name for p in ckpt.iterdir()), (sorted(p.name for p in aside.iterdir()) if aside.exists() else [])
+
+
+def test_a_mismatch_stops_with_exit_2_s_one_line_and_moves_nothing(job):
+  ckpt, fake = _two_checkpoints(job)
+  before = _listing(job)
+  fake.fail_restore = ValueError(test_failures.PAX_MISMATCH)
+  with pytest.raises(outcomes.RestoreMismatch) as stop:
+    ckpt.get_model_states(None, None, None)
+  line = str(stop.value)
+  assert line.startswith('checkpoint 20 does not fit this run: ValueError: PaxMetadata is not compatible')
+  assert 'nothing was moved' in line and len(line) <= 300 and '\n' not in line
+  assert _listing(job) == before and fake.restored == []
+  failed, = fakes.events(job, 'restore_failed')
+  assert (failed['step'], failed['kind']) == (20, 'mismatch') and not fakes.events(job, 'restore_skipped')
+
+
+def test_a_transient_failure_is_retried_on_the_same_step(job, no_sleep):
+  ckpt, fake = _two_checkpoints(job)
+  fake.fail_restore = [ValueError(test_failures.GCS_503), ValueError(test_failures.GCS_503), None]
+  assert ckpt.get_model_states(None, None, None)[2] == 20 and fake.restored == [20]
+  assert no_sleep == [1.0, 2.0] and not fakes.events(job, 'restore_skipped')
+
+
+def test_a_transient_failure_that_outlasts_the_retries_exits_1_and_moves_nothing(job, no_sleep):
+  ckpt, fake = _two_checkpoints(job, retry_secs=10)
+  before = _listing(job)
+  fake.fail_restore = ValueError(test_failures.GCS_503)
+  with pytest.raises(outcomes.RestoreFailed) as stop:
+    ckpt.get_model_states(None, None, None)
+  assert no_sleep == failures.backoff(10) == [1.0, 2.0, 4.0, 3.0]
+  assert str(stop.value).startswith('checkpoint 20 could not be read for 10 s (ValueError: UNAVAILABLE')
+  assert 'nothing was moved' in str(stop.value) and _listing(job) == before
+  assert fakes.events(job, 'restore_failed')[0]['kind'] == 'transient'
+
+
+def test_an_unknown_failure_exits_1_at_once_and_moves_nothing(job, no_sleep):
+  ckpt, fake = _two_checkpoints(job)
+  before = _listing(job)
+  fake.fail_restore = RuntimeError('something nobody has seen')
+  with pytest.raises(outcomes.RestoreFailed, match='not recognised as damage, so nothing was moved'):
+    ckpt.get_model_states(None, None, None)
+  assert no_sleep == [] and _listing(job) == before
+
+
+def test_a_chunk_that_does_not_decode_is_damage_set_aside_and_the_next_newest_restored(job):
+  ckpt, fake = _two_checkpoints(job)
+  fake.fail_restore = [ValueError(test_failures.TRUNCATED_ZARR), None]
+  assert ckpt.get_model_states(None, None, None)[2] == 10 and fake.restored == [10]
+  assert _listing(job) == (['checkpoint_00000010'], ['checkpoint_00000020'])
+  assert 'Truncated Zstd-compressed stream' in fakes.events(job, 'restore_skipped')[0]['error']
+
+
+def test_damage_that_cannot_be_set_aside_stops_instead_of_restoring_it_again(job, monkeypatch):
+  ckpt, fake = _two_checkpoints(job)
+  (layout.step_dir(layout.checkpoint_dir(job), 20) / 'state').rmtree()
+  monkeypatch.setattr(layout, 'set_aside_damaged', fakes.raises(PermissionError(13, 'Permission denied')))
+  with pytest.raises(outcomes.RestoreFailed, match=r'checkpoint 20 is damaged \(.*state is missing\) and could not '
+                     r'be set aside \(PermissionError: .*Permission denied\); nothing was deleted'):
+    ckpt.get_model_states(None, None, None)
+  assert fake.restored == []
+
+
+@pytest.mark.parametrize('found, kind, host', [
+    ({}, None, None),
+    ({1: 'transient|503'}, Kind.TRANSIENT, 1),
+    ({0: 'transient|503', 1: 'damage|chunk'}, Kind.DAMAGE, 1),
+    ({0: 'damage|chunk', 1: 'mismatch|shape'}, Kind.MISMATCH, 1),
+    ({0: 'unknown|?', 1: 'transient|503'}, Kind.UNKNOWN, 0),
+    ({2: 'damage|b', 1: 'damage|a'}, Kind.DAMAGE, 1),
+])
+def test_the_most_conservative_finding_wins_then_the_lowest_host(found, kind, host):
+  decided = restore.decide(found)
+  assert (decided.kind, decided.host) == (kind, host) if kind else decided is None
+
+
+# --- fit: the checkpoint's own metadata against this run's --------------------------------------------
+
+
+def _metadata(w_shape, dtype=jnp.float32):
+  """paxml's TrainStateMetadata for a one-variable model (ShapeDtypeStructs, as Pax builds it)."""
+  shapes = train_states.TrainState(step=jax.ShapeDtypeStruct((), jnp.int32),
+                                   mdl_vars={'w': jax.ShapeDtypeStruct(w_shape, dtype)},
+                                   opt_states=[{'m': jax.ShapeDtypeStruct(w_shape, dtype)}])
+  return types.SimpleNamespace(padded_global_shapes=shapes, unpadded_global_shapes=shapes)
+
+
+def _saved_by(tmp_path, metadata):
+  """A checkpoint's metadata item as paxml writes it."""
+  path = tmp_path / 'checkpoint_00000010'
+  (path / 'metadata').mkdir(parents=True)
+  pax = checkpoint_metadata.PaxMetadata.from_padded_and_unpadded(
+      metadata.padded_global_shapes, metadata.unpadded_global_shapes, version=1.1)
+  (path / 'metadata' / 'metadata').write_text(json.dumps(pax.to_dict(), default=list))
+  return layout.step_dir(tmp_path, 10)
+
+
+def _fit(path, metadata, **kw):
+  return restore.fit_problem(path, metadata, **{'input_state': False, 'host': 0, 'hosts': 1, **kw})
+
+
+def test_fit_names_the_first_differing_array_with_both_shapes(tmp_path):
+  path = _saved_by(tmp_path, _metadata((64,)))
+  assert _fit(path, _metadata((64,))) is None
+  assert _fit(path, _metadata((96,))) == 'mdl_vars.w is float32[64] there, float32[96] here'
+  assert _fit(path, _metadata((64,), jnp.bfloat16)) == 'mdl_vars.w is float32[64] there, bfloat16[64] here'
+
+
+def test_fit_names_an_array_that_one_side_lacks():
+  assert restore.array_mismatch({'a': {'dtype': 'float32', 'unpadded_shape': [2]}}, {}) == (
+      'a is float32[2] there, absent here')
+
+
+def test_fit_input_state_written_by_another_number_of_hosts(tmp_path):
+  path = _saved_by(tmp_path, _metadata((4,)))
+  for host in (0, 1):
+    (path / 'train_input' / f'process_{host}-of-2').mkdir(parents=True)
+  assert _fit(path, _metadata((4,)), input_state=True, host=1, hosts=2) is None
+  assert _fit(path, _metadata((4,)), input_state=False, hosts=1) is None  # this run reads no input state
+  assert _fit(path, _metadata((4,)), input_state=True, hosts=1) == (
+      'its input state was written by 2 hosts (process_0-of-2, process_1-of-2), this run has 1')
+
+
+def test_unparseable_metadata_is_damage(job):
+  ckpt, fake = _two_checkpoints(job)
+  (layout.step_dir(layout.checkpoint_dir(job), 20) / 'metadata' / 'metadata').write_text('{"version": 1.')
+  assert ckpt.get_model_states(None, _metadata((4,)), None)[2] == 10 and fake.restored == [10]
+  assert 'JSONDecodeError' in fakes.events(job, 'restore_skipped')[0]['error']
