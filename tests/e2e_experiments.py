@@ -3,6 +3,7 @@
 from paxml import experiment_registry
 
 from experiments import lm_cloud_autockpt
+from pax_autockpt.tools import bench_experiments
 
 
 @experiment_registry.register
@@ -23,3 +24,18 @@ class TinyWiderModel(lm_cloud_autockpt.LmCloudSpmdTinyAutockpt):
 
   MODEL_DIMS = 96
   HIDDEN_DIMS = MODEL_DIMS * 4
+
+
+@experiment_registry.register
+class TinyModelParallelHost1Wider(bench_experiments.TinyModelParallelAutockpt):
+  """TinyModelParallelAutockpt on host 0, MODEL_DIMS 96 on host 1: a config slip one host alone sees
+  (e.g. one host's image holding another version of the experiment)."""
+
+  @property
+  def MODEL_DIMS(self):  # pylint: disable=invalid-name
+    import jax  # pylint: disable=g-import-not-at-top
+    return 96 if jax.process_index() == 1 else 64
+
+  @property
+  def HIDDEN_DIMS(self):  # pylint: disable=invalid-name
+    return self.MODEL_DIMS * 4

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.e2e
 
 EXP = 'experiments.lm_cloud_autockpt.LmCloudSpmdTinyMultisliceAutockpt'
 CLI = [sys.executable, '-m', 'pax_autockpt.tools.cli']
+HOST_1_WIDER = 'tests.e2e_experiments.TinyModelParallelHost1Wider'
 
 
 def _launch(jobs, job_dir, log, num_hosts, *extra, exp=EXP, host_flags=()):
@@ -195,9 +196,10 @@ def test_bad_wiring_exits_2_with_one_line():
   assert len(errors) == 1 and '--host_idx' in errors[0]
 
 
-def test_a_byte_flipped_in_host_1s_shard_only_is_found_and_passed_over_by_both(jobs, job_dir, tmp_path):
+def test_what_only_host_1_sees_damage_or_a_config_slip_is_decided_alike_by_both(jobs, job_dir, tmp_path):
   """One slice over 2 hosts (each writes its half of every sharded array); a byte flips in a shard only
-  host 1 wrote: host 1's check finds it, both hosts skip that checkpoint and restore the same one."""
+  host 1 wrote: host 1's check finds it, both hosts skip that checkpoint and restore the same one. Then a
+  config slip on host 1 only: both exit 2."""
   exp = 'pax_autockpt.tools.bench_experiments.TinyModelParallelAutockpt'
   first = _launch(jobs, job_dir, str(tmp_path / 'launch1.log'), 2, exp=exp)
   _wait_training(job_dir, 1, first)
@@ -217,3 +219,18 @@ def test_a_byte_flipped_in_host_1s_shard_only_is_found_and_passed_over_by_both(j
   assert starts[0]['restored_step'] == starts[1]['restored_step'] < step
   second.send(signal.SIGTERM)
   assert second.wait(180) == 143, second.log()[-3000:]
+
+  # A config slip only host 1 sees (its MODEL_DIMS 96): host 0's check passes, host 1's does not; both
+  # exit 2 with host 1's line before any device collective, and nothing is moved.
+  newest = _assert_all_preempted_at_same_step(job_dir, 2, restored=starts[0]['restored_step'])
+  before = checkpoint_steps(job_dir), sorted(os.listdir(layout.unrestorable_dir(job_dir)))
+  third = _launch(jobs, job_dir, str(tmp_path / 'launch3.log'), 2, exp=HOST_1_WIDER)
+  assert third.wait(180) == 2, third.log()[-3000:]
+  for host in (0, 1):
+    line, = [x for x in third.log().splitlines() if x.startswith(f'[host {host}]') and 'does not fit' in x]
+    assert f'checkpoint {newest} does not fit this run (host 1): mdl_vars.params.lm.final_ln.bias is float32[64] ' \
+           'there, float32[96] here; nothing was moved' in line, line
+    failed, last = [e for e in events_lib.read(job_dir, host) if e['event'] in ('restore_failed', 'exit')][-2:]
+    got = (failed['step'], failed['kind'], failed['seen_by'], last['code'])
+    assert got == (newest, 'mismatch', 1, 2), (failed, last)
+  assert (checkpoint_steps(job_dir), sorted(os.listdir(layout.unrestorable_dir(job_dir)))) == before
