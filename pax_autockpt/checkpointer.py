@@ -117,12 +117,18 @@ class AutockptCheckpointer:
                                                      host=self._events.host))
 
   def _forget_unrestorable(self, step: int) -> None:
-    """After the restore set a damaged checkpoint aside: out of the policies' history; on object
-    storage its name stays taken (marked in place) until a save is due there."""
-    if layout.is_object_store(self.checkpoint_dir):
+    """After the restore set a damaged checkpoint aside: out of the policies' history; on gs:// its
+    name stays taken (marked in place) until a save is due there."""
+    if layout.uses_commit_marker(self.checkpoint_dir):
       self._unrestorable.add(step)
+    self._forget(step)
+
+  def _forget(self, step: int) -> None:
+    """A step that is not (or no longer) a checkpoint leaves the policies' history: a failed save
+    counted there would make InitialSavePolicy never save again, and intervals count from it."""
     with self._lock:
       self._history = [c for c in self._history if c.step != step]
+      self._times.pop(step, None)
 
   # --- Pax's loop ------------------------------------------------------------------------------
 
@@ -153,14 +159,16 @@ class AutockptCheckpointer:
     return self._pax_manager.latest_step()
 
   def _info(self, step: int) -> policies.CheckpointInfo:
-    """A checkpoint's save time from the event log (else its directory's modification time) and the
-    metrics recorded at its commit."""
+    """A checkpoint's save time from the event log, else its directory's modification time, and the
+    metrics recorded at its commit. Object stores may give no time (0 for a prefix): such a checkpoint
+    counts as saved now, so that no time-based policy deletes it as old without evidence."""
     when = self._times.get(step)
     if when is None:
       try:
         when = self._step_dir(step).stat().mtime
       except OSError:
         when = 0.0
+      when = when if when and when > 0 else time.time()
     return policies.CheckpointInfo.at(step, when, self._metrics.get(step))
 
   def _wants_save(self, step: int) -> bool:
@@ -211,6 +219,7 @@ class AutockptCheckpointer:
     except Exception as e:  # pylint: disable=broad-except
       logging.error('[autockpt] %s save of step %d failed to start (%s); the newest committed checkpoint '
                     'is %s.', reason, step, failures.one_line(e), self.newest_committed())
+      self._forget(step)
       return
     blocking = time.time() - start
     self._background.launch(
@@ -237,6 +246,7 @@ class AutockptCheckpointer:
       return
     logging.error('[autockpt] save of step %d failed to commit (%s); the newest committed checkpoint is %s.',
                   step, failures.one_line(error) if error else 'not committed', self.newest_committed())
+    self._forget(step)
     if self._events.host == 0:
       self._remove_leftovers(step)
 
@@ -315,9 +325,7 @@ class AutockptCheckpointer:
       return
     for step in doomed:
       layout.uncommit_and_delete(self._step_dir(step))
-      with self._lock:
-        self._history = [c for c in self._history if c.step != step]
-        self._times.pop(step, None)
+      self._forget(step)
       self._metrics.pop(step, None)
       self._events.write('deleted', step=step, policy=repr(self._preservation))
     if doomed:

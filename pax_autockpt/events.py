@@ -133,8 +133,7 @@ class _Parts:
 
   def __init__(self, job_log_dir: epath.PathLike, host: int):
     self._job, self._host = job_log_dir, host
-    names = [p.name for p in layout.event_files(job_log_dir).get(host, [])]
-    self._part = len(names)  # a new process starts a new part: nothing is read back
+    self._part = layout.next_event_part(job_log_dir, host)  # a new process, a new part: nothing read back
     self._lines: list[str] = []
     self._uploads = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='autockpt-events')
 

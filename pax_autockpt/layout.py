@@ -10,9 +10,9 @@ JOB_LOG_DIR/
   summaries/autockpt/                the save scalars for TensorBoard
 
 Committed means complete on storage, and differs by storage because orbax 0.5.9 commits differently:
-on a local disk it writes `checkpoint_N.orbax-checkpoint-tmp-<time>` and renames it, so the final
-name is the commit; on gs:// (no atomic rename) it writes under the final name and adds
-`commit_success.txt` last, so that object is the commit. `is_committed` is the only place that
+on a local disk (and any storage but gs://) it writes `checkpoint_N.orbax-checkpoint-tmp-<time>` and
+renames it, so the final name is the commit; on gs:// (no atomic rename) it writes under the final name
+and adds `commit_success.txt` last, so that object is the commit. `is_committed` is the only place that
 decides; everything else (restore choice, history, preservation, the exit-143 check, report, soak,
 bench, tests) asks it.
 """
@@ -38,6 +38,12 @@ def is_object_store(path: epath.PathLike) -> bool:
   return '://' in str(path)
 
 
+def uses_commit_marker(path: epath.PathLike) -> bool:
+  """Where orbax 0.5.9 commits with `commit_success.txt` instead of a rename: gs:// only
+  (orbax.checkpoint.utils.is_gcs_path). Elsewhere, any scheme, the final name is the commit."""
+  return str(path).startswith('gs://')
+
+
 def checkpoint_dir(job_log_dir: epath.PathLike) -> epath.Path:
   return epath.Path(job_log_dir) / CHECKPOINTS
 
@@ -57,7 +63,7 @@ def is_committed(path: epath.Path) -> bool:
   """Whether a checkpoint directory is complete on its storage (see the module docstring)."""
   if step_of(path.name) is None:
     return False
-  if is_object_store(path):
+  if uses_commit_marker(path):
     return (path / COMMIT_MARKER).exists()
   return path.is_dir()
 
@@ -84,7 +90,7 @@ def leftovers(ckpt_dir: epath.PathLike, step: int) -> list[epath.Path]:
   """What a failed save of `step` left: orbax's temporary directories, or on object storage the
   final name without a commit marker (never a checkpoint marked unrestorable)."""
   path = step_dir(ckpt_dir, step)
-  if is_object_store(path):
+  if uses_commit_marker(path):
     if path.exists() and not is_committed(path) and not (path / UNRESTORABLE_MARKER).exists():
       return [path]
     return []
@@ -92,12 +98,12 @@ def leftovers(ckpt_dir: epath.PathLike, step: int) -> list[epath.Path]:
 
 
 def is_marked_unrestorable(path: epath.Path) -> bool:
-  return is_object_store(path) and (path / UNRESTORABLE_MARKER).exists()
+  return uses_commit_marker(path) and (path / UNRESTORABLE_MARKER).exists()
 
 
 def marked_unrestorable_steps(ckpt_dir: epath.PathLike) -> list[int]:
   """Object storage: steps whose name a damaged checkpoint, marked in place, still holds."""
-  if not is_object_store(ckpt_dir):
+  if not uses_commit_marker(ckpt_dir):
     return []
   return sorted(s for s, p in _step_dirs(epath.Path(ckpt_dir))
                 if not is_committed(p) and is_marked_unrestorable(p))
@@ -110,21 +116,18 @@ def _aside_path(job_log_dir: epath.PathLike, path: epath.Path) -> epath.Path:
 
 def set_aside_damaged(job_log_dir: epath.PathLike, path: epath.Path, reason: str) -> str:
   """Takes a damaged checkpoint out of every listing (ours, orbax's, stock paxml's) without
-  deleting it, in O(1) storage requests; returns where it is now, for the log.
+  deleting it; returns where it is now, for the log.
 
-  Local disk: renamed into JOB_LOG_DIR/autockpt/unrestorable/. Object storage, where a rename is a
-  copy of every object: marked in place, our marker (with the reason) first, then orbax's commit
-  marker removed. A crash between the two leaves it committed and damaged, so the next restore finds
-  it again and finishes the job.
+  On gs://, where a rename is a copy of every object: marked in place in O(1) requests, our marker
+  (with the reason) first, then orbax's commit marker removed. A crash between the two leaves it
+  committed and damaged, so the next restore finds it again and finishes the job. Elsewhere the final
+  name is the commit: moved into JOB_LOG_DIR/autockpt/unrestorable/ (a rename on local disk).
   """
-  if is_object_store(path):
+  if uses_commit_marker(path):
     (path / UNRESTORABLE_MARKER).write_text(f'{reason}\n')
     (path / COMMIT_MARKER).unlink(missing_ok=True)
     return f'marked unrestorable in place ({UNRESTORABLE_MARKER})'
-  aside = _aside_path(job_log_dir, path)
-  aside.parent.mkdir(parents=True, exist_ok=True)
-  path.rename(aside)
-  return f'moved to {aside}'
+  return f'moved to {move_aside(job_log_dir, path)}'
 
 
 def move_aside(job_log_dir: epath.PathLike, path: epath.Path) -> epath.Path:
@@ -182,6 +185,13 @@ def events_path(job_log_dir: epath.PathLike, host: int, part: int | None = None)
   """A host's event log; on object storage, part `part` of it."""
   suffix = '' if part is None else f'.{part:06d}'
   return autockpt_dir(job_log_dir) / f'events.host{host}{suffix}.jsonl'
+
+
+def next_event_part(job_log_dir: epath.PathLike, host: int) -> int:
+  """The number of a new process's first part: one past the highest part of this host (counting them
+  would overwrite the newest part after a gap, e.g. a part removed by hand)."""
+  parts = [_EVENTS.fullmatch(p.name) for p in event_files(job_log_dir).get(host, [])]
+  return 1 + max((int(m.group(2)) for m in parts if m and m.group(2)), default=-1)
 
 
 def event_files(job_log_dir: epath.PathLike) -> dict[int, list[epath.Path]]:

@@ -125,6 +125,28 @@ def test_failed_interval_commit_is_dropped_and_the_next_save_commits(job, caplog
   assert errors(caplog, 'save of step 10 failed to commit (OSError: disk write failed)')
 
 
+@pytest.mark.parametrize('failure', ['commit', 'start'])
+def test_a_failed_save_leaves_the_policies_history(job, failure):
+  """InitialSavePolicy saves while no checkpoint exists: a first save that failed must not count as
+  one, or the job would never save again."""
+  ckpt, fake = fakes.wrap(job, settings_lib.Settings(save_policy=policies.InitialSavePolicy()), interval=1000)
+  setattr(fake.orbax, f'fail_{failure}', OSError('disk write failed'))
+  ckpt.save_if_needed(1, STATE)
+  ckpt.wait_until_finished()
+  setattr(fake.orbax, f'fail_{failure}', None)
+  ckpt.save_if_needed(2, STATE)
+  ckpt.wait_until_finished()
+  assert fake.orbax.attempts == [1, 2] and committed(job) == [2]
+
+
+def test_a_checkpoint_without_a_time_counts_as_saved_now(job, monkeypatch):
+  """Object stores may report a prefix's modification time as 0: never "old" without evidence."""
+  fakes.write_checkpoint(layout.step_dir(layout.checkpoint_dir(job), 10))
+  ckpt, _ = fakes.wrap(job)
+  monkeypatch.setattr(type(layout.checkpoint_dir(job)), 'stat', lambda self: mock.Mock(mtime=0))
+  assert abs(ckpt._info(10).time.timestamp() - time.time()) < 5  # pylint: disable=protected-access
+
+
 def test_keep_latest_deletes_older_with_events_and_replaces_max_to_keep(job):
   """keep_latest=2: the newest two committed stay, a `deleted` event for each other one; Pax's own
   max_to_keep (1 here) no longer deletes."""

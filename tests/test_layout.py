@@ -35,6 +35,14 @@ def ckpt_dir(request, tmp_path):
   return layout.checkpoint_dir(gcs.url(f'layout-{os.getpid()}-{request.node.name}'))
 
 
+def test_only_gs_commits_with_a_marker_as_orbax_0_5_9_does():
+  """orbax.checkpoint.utils.is_gcs_path: elsewhere, any scheme, the final name is the commit; a
+  committed checkpoint there must not look uncommitted (and be removed as a leftover)."""
+  assert layout.uses_commit_marker('gs://bucket/job/checkpoints')
+  for other in ('s3://bucket/job', 'hdfs://nn/job', '/local/job', 'job'):
+    assert not layout.uses_commit_marker(other), other
+
+
 def test_step_names():
   assert layout.step_of('checkpoint_00001000') == 1000
   assert layout.step_of('checkpoint_123456789') == 123456789  # Pax's %08d grows past 8 digits
@@ -116,6 +124,13 @@ def test_event_log_on_gcs_is_parts_of_bounded_size_read_back_in_order(gcs):
   again.flush()
   assert [e['event'] for e in events_lib.read(job, 3)][-2:] == ['save_started', 'start']
   assert len(layout.event_files(job)[3]) == 4
+  # A gap (part 1 removed by hand): the next process starts part 4, it does not overwrite part 3.
+  layout.events_path(job, 3, 1).unlink()
+  third = events_lib.EventLog(job, host=3)
+  third.write('exit')
+  third.flush()
+  assert [p.name for p in layout.event_files(job)[3]] == [f'events.host3.{p:06d}.jsonl' for p in (0, 2, 3, 4)]
+  assert [e['event'] for e in events_lib.read(job, 3)][-2:] == ['start', 'exit']
 
 
 def test_event_log_locally_is_one_file_and_a_torn_line_is_salvaged(tmp_path):

@@ -396,13 +396,14 @@ def main(argv: list[str] | None = None) -> int:
   if args.command == 'proxy':
     _serve_proxy(args.upstream_port, args.workdir)
     return 0
+  stop = threading.Event()
+  for signum in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a shell ignores it in a background job
+    signal.signal(signum, lambda *_: stop.set())
   with LocalGCS(args.workdir, latency_ms=args.latency_ms) as gcs:
     for key, value in gcs.env().items():
       print(f'export {key}={value}')
-    print(f'# bucket: {gcs.url()}; Ctrl-C stops the server', flush=True)
-    try:
-      signal.pause()
-    except KeyboardInterrupt:
+    print(f'# bucket: {gcs.url()}; Ctrl-C or SIGTERM stops the server and its proxy', flush=True)
+    while not stop.wait(1.0):
       pass
   return 0
 
