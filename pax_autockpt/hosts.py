@@ -1,8 +1,11 @@
 """Host wiring for `jax.distributed.initialize`: which host this is, how many, and the coordinator.
 
-Sources, first that applies wins: explicit flags, TPU multislice (MEGASCALE_*), a single TPU
-slice (GKE env vars or the TPU VM metadata server), Slurm, and finally a local single host.
-A source is never completed from another one: a half-given source is an error.
+Sources, first that applies wins: explicit flags, TPU multislice (MEGASCALE_*, from the environment
+or, on a TPU VM created through queued resources, from the metadata server's `tpu-env` attribute, as
+JAX reads them), a single TPU slice (GKE env vars or the TPU VM metadata server), Slurm, and finally a
+local single host. A source is never completed from another one: a half-given source is an error.
+The metadata server is asked again after a failure that a retry can cure, for up to
+`METADATA_RETRY_SECS`; then `MetadataUnavailable` (exit 1: not bad configuration).
 """
 
 import dataclasses
@@ -12,9 +15,14 @@ import math
 import os
 import re
 import socket
+import time
 from typing import Callable, Mapping, Sequence
 import urllib.error
 import urllib.request
+
+import yaml
+
+from pax_autockpt import failures
 
 DEFAULT_PORT = 8476
 SOURCES = ('explicit', 'tpu-multislice', 'tpu', 'slurm', 'local')
@@ -25,10 +33,15 @@ _EXPLICIT_FIX = 'pass --host_idx/--num_hosts/--server_addr'
 _TPU_DEVICES = ('/dev/accel0', '/dev/vfio/0')
 _DEFAULT_METADATA_HOST = 'metadata.google.internal'
 _METADATA_TIMEOUT_SECS = 2.0
+METADATA_RETRY_SECS = 30.0
 
 
 class WiringError(ValueError):
   """A one-line message naming the flag or environment variable that is wrong and how to fix it."""
+
+
+class MetadataUnavailable(WiringError):
+  """The TPU metadata server did not answer for METADATA_RETRY_SECS: a failure, not bad configuration."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +72,7 @@ def resolve(*,
   if (host_idx, num_hosts, server_addr) != (None, None, None):
     return _explicit(host_idx, num_hosts, server_addr)
   port = DEFAULT_PORT if port is None else _check_port(port)
+  env = _with_tpu_env(env, metadata_host)
   if any(name in env for name in _MEGASCALE):
     return _multislice(env, port, metadata_host)
   worker = _tpu_worker(env, metadata_host)
@@ -143,6 +157,24 @@ def _tpu_worker(env, metadata_host) -> tuple[int, list[str]] | None:
   return None if host is None else _worker_from_metadata(host)
 
 
+def _with_tpu_env(env, metadata_host) -> Mapping[str, str]:
+  """The environment, with MEGASCALE_* from the TPU VM's `tpu-env` metadata attribute where the
+  environment has none of them (queued-resource multislice: JAX reads them there too)."""
+  if any(name in env for name in _MEGASCALE):
+    return env
+  host = _metadata_host(env, metadata_host)
+  text = None if host is None else _fetch(host, 'tpu-env', missing_ok=True)
+  if not text:
+    return env
+  try:
+    values = yaml.safe_load(text)
+  except yaml.YAMLError as e:
+    raise WiringError(f'TPU metadata server {host} returned a tpu-env that is not YAML ({_one_line(e)}): '
+                      + _EXPLICIT_FIX) from None
+  found = {k: str(v) for k, v in (values or {}).items() if k in _MEGASCALE} if isinstance(values, dict) else {}
+  return {**found, **env} if found else env
+
+
 def _worker_from_env(env) -> tuple[int, list[str]]:
   """GKE style: TPU_WORKER_ID and comma-separated TPU_WORKER_HOSTNAMES, both required."""
   for name, other in (('TPU_WORKER_ID', 'TPU_WORKER_HOSTNAMES'), ('TPU_WORKER_HOSTNAMES', 'TPU_WORKER_ID')):
@@ -187,19 +219,37 @@ def _worker_from_metadata(host: str) -> tuple[int, list[str]]:
   return worker_id, hosts
 
 
-def _fetch(host: str, attribute: str) -> str:
-  """One instance attribute; any failure is a WiringError naming the host."""
+def _fetch(host: str, attribute: str, missing_ok: bool = False) -> str | None:
+  """One instance attribute (None for a 404 with `missing_ok`), asked again along
+  failures.backoff(METADATA_RETRY_SECS) after a failure a retry can cure; a WiringError naming the host
+  otherwise, MetadataUnavailable once the retries are spent."""
   url = f'http://{host}/computeMetadata/v1/instance/attributes/{attribute}'
   request = urllib.request.Request(url, headers={'Metadata-Flavor': 'Google'})
   # The metadata server is link-local: an http_proxy from the environment must not route it.
   opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-  try:
-    with opener.open(request, timeout=_METADATA_TIMEOUT_SECS) as response:
-      return response.read().decode('utf-8', 'replace')
-  # URLError, HTTPError and timeouts are OSErrors; a garbled reply is an HTTPException.
-  except (OSError, ValueError, http.client.HTTPException) as e:
-    raise WiringError(f'TPU metadata server {host} did not give {attribute} ({_one_line(e)}): set '
-                      f'TPU_WORKER_ID/TPU_WORKER_HOSTNAMES or GCE_METADATA_HOST, or {_EXPLICIT_FIX}') from None
+  fix = f'set TPU_WORKER_ID/TPU_WORKER_HOSTNAMES or GCE_METADATA_HOST, or {_EXPLICIT_FIX}'
+  for pause in [*failures.backoff(METADATA_RETRY_SECS), None]:
+    try:
+      with opener.open(request, timeout=_METADATA_TIMEOUT_SECS) as response:
+        return response.read().decode('utf-8', 'replace')
+    # URLError, HTTPError and timeouts are OSErrors; a garbled reply is an HTTPException.
+    except (OSError, ValueError, http.client.HTTPException) as e:
+      if missing_ok and isinstance(e, urllib.error.HTTPError) and e.code == 404:
+        return None
+      if not _retryable(e):
+        raise WiringError(f'TPU metadata server {host} did not give {attribute} ({_one_line(e)}): {fix}') from None
+      if pause is None:
+        raise MetadataUnavailable(f'TPU metadata server {host} did not give {attribute} for '
+                                  f'{METADATA_RETRY_SECS:g} s ({_one_line(e)}): retry, or {fix}') from None
+      time.sleep(pause)
+  raise AssertionError('unreachable')
+
+
+def _retryable(error: BaseException) -> bool:
+  """A server error, throttling, a timeout or a refused or reset connection; not a 4xx answer."""
+  if isinstance(error, urllib.error.HTTPError):
+    return error.code >= 500 or error.code == 429
+  return isinstance(error, (OSError, http.client.HTTPException))
 
 
 def _slurm(env, port) -> Wiring:

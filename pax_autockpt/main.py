@@ -18,10 +18,10 @@ from pax_autockpt import settings as settings_lib
 from pax_autockpt import signals
 
 
-def _fail(message: str) -> None:
-  """Bad input: one line on stderr, exit 2, nothing written."""
+def _fail(message: str, code: int = 2) -> None:
+  """Bad input: one line on stderr, exit 2, nothing written (1: a failure a rerun may cure)."""
   print(f'error: {message}', file=sys.stderr, flush=True)
-  sys.exit(2)
+  sys.exit(code)
 
 
 signals.install()
@@ -30,6 +30,8 @@ if __name__ == '__main__':
     precheck.run(sys.argv)
   except settings_lib.ConfigError as e:
     _fail(str(e))
+  except precheck.hosts.MetadataUnavailable as e:
+    _fail(str(e), code=1)
   except precheck.PrintWiring as e:
     print(e, flush=True)
     sys.exit(0)
@@ -67,6 +69,8 @@ def _resolve_wiring() -> hosts.Wiring:
   try:
     return hosts.resolve(host_idx=FLAGS.host_idx, num_hosts=FLAGS.num_hosts,
                          server_addr=FLAGS.server_addr)
+  except hosts.MetadataUnavailable as e:
+    _fail(str(e), code=1)
   except hosts.WiringError as e:
     _fail(str(e))
 

@@ -72,6 +72,8 @@ def run(argv: list[str]) -> None:
   try:
     wiring = hosts.resolve(host_idx=flag.get('host_idx'), num_hosts=flag.get('num_hosts'),
                            server_addr=flag.get('server_addr'), free_port=lambda: 0)
+  except hosts.MetadataUnavailable:
+    raise
   except hosts.WiringError as e:
     raise settings_lib.ConfigError(str(e)) from None
   if flag.get('autockpt_print_wiring') and wiring.source != 'local':

@@ -3,6 +3,8 @@
 import http.server
 import os
 import socket
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -52,11 +54,17 @@ def _multislice_env(slice_id, num_slices, worker_id, hostnames, coordinator='10.
 
 class _MetadataHandler(http.server.BaseHTTPRequestHandler):
   attributes: dict = {}
+  unavailable: list = []  # the first len() requests are answered 503
 
   def do_GET(self):  # noqa: N802 (http.server's name)
     prefix = '/computeMetadata/v1/instance/attributes/'
     if self.headers.get('Metadata-Flavor') != 'Google':
       self.send_response(403)
+      self.end_headers()
+      return
+    if self.unavailable:
+      self.unavailable.pop()
+      self.send_response(503)
       self.end_headers()
       return
     body = self.attributes.get(self.path[len(prefix):]) if self.path.startswith(prefix) else None
@@ -78,8 +86,8 @@ def metadata():
   """start(attributes) -> 'host:port' of a real HTTP server on loopback that serves them."""
   servers = []
 
-  def start(attributes):
-    handler = type('Handler', (_MetadataHandler,), {'attributes': dict(attributes)})
+  def start(attributes, unavailable=0):
+    handler = type('Handler', (_MetadataHandler,), {'attributes': dict(attributes), 'unavailable': [0] * unavailable})
     server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
     threading.Thread(target=server.serve_forever, kwargs={'poll_interval': 0.05}, daemon=True).start()
     servers.append(server)
@@ -320,13 +328,62 @@ def test_metadata_failures(metadata, attributes, fragment):
   assert '--host_idx/--num_hosts/--server_addr' in message
 
 
-def test_metadata_unreachable():
+@pytest.fixture
+def pauses(monkeypatch):
+  """The retries' sleeps, recorded instead of slept; a 3 s budget (1, 2)."""
+  slept = []
+  monkeypatch.setattr(hosts.time, 'sleep', slept.append)
+  monkeypatch.setattr(hosts, 'METADATA_RETRY_SECS', 3.0)
+  return slept
+
+
+def test_metadata_unreachable_is_retried_then_a_failure_not_bad_configuration(pauses):
   with socket.socket() as s:  # a port nobody listens on once closed
     s.bind(('127.0.0.1', 0))
     port = s.getsockname()[1]
-  message = _raises(f'TPU metadata server 127.0.0.1:{port} did not give agent-worker-number',
-                    env={}, metadata_host=f'127.0.0.1:{port}')
-  assert '--host_idx/--num_hosts/--server_addr' in message
+  with pytest.raises(hosts.MetadataUnavailable) as info:
+    resolve(env={}, metadata_host=f'127.0.0.1:{port}')
+  assert f'TPU metadata server 127.0.0.1:{port} did not give tpu-env for 3 s' in str(info.value)
+  assert '--host_idx/--num_hosts/--server_addr' in str(info.value) and pauses == [1.0, 2.0]
+
+
+def test_metadata_server_errors_are_retried(metadata, pauses):
+  host = metadata(TWO_WORKERS, unavailable=2)
+  assert resolve(env={}, metadata_host=host) == Wiring(1, 2, '10.130.0.37:8476', 'tpu')
+  assert pauses == [1.0, 2.0]
+
+
+# Worker 1 of slice 1 of 2 (2 workers per slice), as a queued-resource TPU VM's metadata server gives it.
+MULTISLICE_TPU_ENV = {
+    **TWO_WORKERS,
+    'tpu-env': "ACCELERATOR_TYPE: 'v5litepod-8'\nMEGASCALE_COORDINATOR_ADDRESS: '10.130.0.2:8080'\n"
+               "MEGASCALE_NUM_SLICES: '2'\nMEGASCALE_SLICE_ID: '1'\nWORKER_ID: '1'\n",
+}
+
+
+def test_multislice_from_the_tpu_env_attribute(metadata):
+  host = metadata(MULTISLICE_TPU_ENV)
+  assert resolve(env={}, metadata_host=host) == Wiring(3, 4, '10.130.0.2:8476', 'tpu-multislice')
+  env = {'MEGASCALE_COORDINATOR_ADDRESS': '10.9.9.9', 'MEGASCALE_NUM_SLICES': '4', 'MEGASCALE_SLICE_ID': '0'}
+  assert resolve(env=env, metadata_host=host) == Wiring(1, 8, '10.9.9.9:8476', 'tpu-multislice')  # env wins
+
+
+def test_a_tpu_env_that_is_not_yaml_is_one_line(metadata):
+  host = metadata({**TWO_WORKERS, 'tpu-env': 'MEGASCALE_SLICE_ID: [1\n'})
+  assert 'returned a tpu-env that is not YAML' in _raises(f'TPU metadata server {host}', env={}, metadata_host=host)
+
+
+def test_print_wiring_reads_tpu_env_from_the_project_s_fake_metadata_server(tmp_path):
+  """The real command against the fake server the e2e tests use: host 3 of 4, not 1 of 2."""
+  from pax_autockpt.tools import fake_metadata  # pylint: disable=g-import-not-at-top
+  with fake_metadata.FakeMetadataServer(str(tmp_path)) as server:
+    for key, value in MULTISLICE_TPU_ENV.items():
+      server.set(f'attributes/{key}', value)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(('MEGASCALE_', 'TPU_', 'SLURM_'))}
+    out = subprocess.run([sys.executable, '-m', 'pax_autockpt.main', '--autockpt_print_wiring'], capture_output=True,
+                         text=True, timeout=60, env={**env, 'GCE_METADATA_HOST': server.host})
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip() == 'host_idx=3 num_hosts=4 server_addr=10.130.0.2:8476 source=tpu-multislice'
 
 
 def test_no_network_probe_without_a_tpu(monkeypatch):
