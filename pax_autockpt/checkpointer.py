@@ -110,6 +110,11 @@ class AutockptCheckpointer:
     """Pax's restore, checked, classified and agreed by every host (pax_autockpt.restore)."""
     return self._restorer.get_model_states(partitioner, metadata, root_prng_key, train_input_pipeline)
 
+  @property
+  def verified(self) -> dict[str, int]:
+    """How many saved shards of the restored checkpoint this host checked, and how many no host did."""
+    return self._restorer.verified
+
   def _write_manifest(self, step: int, directory: epath.Path, items: dict[str, Any]) -> None:
     """In the background save, before the commit: this host's digests of what it writes."""
     del step
@@ -274,7 +279,7 @@ class AutockptCheckpointer:
     duration = time.time() - start
     values = self._read_metrics(step, metrics)
     self._events.write('save_committed', step=step, duration_s=round(duration, 6),
-                       **({'metrics': values} if values else {}))
+                       **({'metrics': values} if values else {}), **({'manifest': True} if self._checksums else {}))
     self._summaries.committed(step, duration)
     self._costs.add(reason, blocking, duration)
     if self._events.host == 0:

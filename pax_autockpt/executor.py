@@ -49,7 +49,7 @@ class AutockptExecutor(executors.DefaultExecutor):
     step_metrics.tap(*internals.programs(self))  # each saved step's metrics, for BestN
     # After the restore: a damaged newest checkpoint may have been passed over.
     self._events.write('start', num_hosts=jax.process_count(), pid=os.getpid(),
-                       restored_step=wrapped.step_to_restore)
+                       restored_step=wrapped.step_to_restore, **wrapped.verified)
 
   def start(self):
     try:

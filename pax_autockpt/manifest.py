@@ -12,12 +12,14 @@ checkpoint offline.
 """
 
 import json
+import os
 from typing import Any, Iterable
 
 from etils import epath
 import numpy as np
 import xxhash
 
+from pax_autockpt import failures
 from pax_autockpt import internals
 from pax_autockpt import layout
 
@@ -81,6 +83,48 @@ def read(step_path: epath.Path) -> dict[str, dict[str, str]] | None:
     except (ValueError, KeyError, TypeError, AttributeError) as e:
       raise ManifestError(f'{path.name} is damaged ({type(e).__name__}: {str(e)[:100]})') from None
   return merged
+
+
+def open_saved(step_path: epath.Path, name: str, ocdbt: bool) -> Any:
+  """One saved array of a checkpoint, as orbax 0.5.9 lays it out (zarr or OCDBT), through tensorstore."""
+  from orbax.checkpoint import type_handlers  # pylint: disable=g-import-not-at-top
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  spec = type_handlers.get_tensorstore_spec(os.fspath(step_path / 'state'), name=name, use_ocdbt=ocdbt)
+  return ts.open(ts.Spec(spec), open=True, context=type_handlers.get_ts_context(ocdbt)).result()
+
+
+def uncovered(arrays: Iterable[tuple[str, Any]], expected: dict[str, dict[str, str]]) -> list[tuple[str, str]]:
+  """The saved shards that no restored shard coincides with, on any host: the restore's partitioning
+  differs from the save's (another number of hosts, another mesh), so no host can digest them from
+  memory. Sorted, and the same on every host (it reads only each array's global sharding)."""
+  restored = {}
+  for name, array in arrays:
+    indices = array.sharding.devices_indices_map(array.shape).values()
+    restored[name] = {shard_key(index, array.shape) for index in indices}
+  return sorted((name, key) for name, shards in expected.items() for key in shards
+                if key not in restored.get(name, ()))
+
+
+def compare_stored(step_path: epath.Path, shards: list[tuple[str, str]], expected: dict[str, dict[str, str]],
+                   *, ocdbt: bool) -> list[str]:
+  """Reads saved shards back from storage and digests them (what `pax-autockpt verify` does offline);
+  mismatches and shards whose bytes do not decode, naming array and shard. A failure that is not damage
+  (the storage failing) is raised, for the caller to classify."""
+  problems, opened = [], {}
+  for name, key in shards:
+    try:
+      if name not in opened:
+        opened[name] = open_saved(step_path, name, ocdbt)
+      got = digest(opened[name][shard_index(key)].read().result())
+    except Exception as e:  # pylint: disable=broad-except
+      if failures.classify(e) is not failures.Kind.DAMAGE:
+        raise
+      problems.append(f'{name} shard [{key}] cannot be read back ({failures.one_line(e, 150)})')
+      continue
+    if got != expected[name][key]:
+      problems.append(f'{name} shard [{key}] does not match the manifest ({HASH} {got}, expected '
+                      f'{expected[name][key]})')
+  return problems
 
 
 def compare(arrays: Iterable[tuple[str, Any]], expected: dict[str, dict[str, str]]) -> tuple[list[str], int]:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from absl import logging
 from etils import epath
+import jax
 
 from pax_autockpt import agreement
 from pax_autockpt import events as events_lib
@@ -151,6 +152,8 @@ class Restorer:
     self._retry_secs = retry_secs
     self._forget = set_aside
     self._key = ''
+    self._hosts = jax.process_count()
+    self.verified: dict[str, int] = {}  # shards_checked/shards_unchecked of the restored checkpoint
     internals.guard_restore(inner, self._guarded_read)
 
   @property
@@ -185,9 +188,8 @@ class Restorer:
       found = integrity.problems(path)
       if found:
         return Finding(Kind.DAMAGE, '; '.join(found), self._host)
-      import jax  # pylint: disable=g-import-not-at-top
       differs = fit_problem(path, metadata, input_state=train_input_pipeline is not None, host=self._host,
-                            hosts=jax.process_count())
+                            hosts=self._hosts)
     except Exception as e:  # pylint: disable=broad-except
       return Finding(failures.classify(e), failures.one_line(e), self._host)
     return Finding(Kind.MISMATCH, differs, self._host) if differs else None
@@ -207,24 +209,44 @@ class Restorer:
     return restored
 
   def _verify(self, step: int, state: Any) -> Finding | None:
-    """This host's restored shards against the manifest; every shard this host holds whose place the
-    manifest knows."""
+    """This host's restored shards against the manifest: in memory where a restored shard is a saved
+    one, else (another partitioning than the save's) read back from storage, those shards split
+    across hosts. Every saved shard is checked by some host; the counts go into the start event."""
     start, path = time.time(), layout.step_dir(self.checkpoint_dir, step)
     try:
       expected = manifest_lib.read(path)
       if expected is None:
-        logging.info('[autockpt] checkpoint %d has no content manifest (saved before checksums, or by stock '
-                     'paxml): restored unverified.', step)
-        return None
-      arrays = internals.array_names(state, use_ocdbt=internals.is_ocdbt_checkpoint(path))
-      problems, checked = manifest_lib.compare(arrays, expected)
+        return self._without_manifest(step)
+      ocdbt = internals.is_ocdbt_checkpoint(path)
+      arrays = internals.array_names(state, use_ocdbt=ocdbt)
+      problems, in_memory = manifest_lib.compare(arrays, expected)
+      stored = manifest_lib.uncovered(arrays, expected)
+      mine = stored[self._host::self._hosts]
+      problems += manifest_lib.compare_stored(path, mine, expected, ocdbt=ocdbt)
     except manifest_lib.ManifestError as e:
       return Finding(Kind.DAMAGE, f'manifest: {e}', self._host)
     except Exception as e:  # pylint: disable=broad-except
       return Finding(failures.classify(e), failures.one_line(e), self._host)
-    logging.info('[autockpt] checkpoint %d: %d shards of %d arrays checked against the manifest in %.3f s, '
-                 '%d mismatched.', step, checked, len(arrays), time.time() - start, len(problems))
+    saved = sum(len(shards) for shards in expected.values())
+    covered = saved - len(stored)  # a restored shard holds each of these on some host
+    self.verified = dict(shards_checked=in_memory + len(mine), shards_unchecked=saved - covered - len(stored))
+    logging.info('[autockpt] checkpoint %d: %d shards of %d arrays checked against the manifest (%d in memory, %d '
+                 'read back from storage), %d of %d saved shards unchecked, in %.3f s; %d mismatched.', step,
+                 in_memory + len(mine), len(arrays), in_memory, len(mine), self.verified['shards_unchecked'],
+                 saved, time.time() - start, len(problems))
     return Finding(Kind.DAMAGE, f'host {self._host}: {problems[0]}', self._host) if problems else None
+
+  def _without_manifest(self, step: int) -> Finding | None:
+    """A checkpoint without a manifest restores unverified (saved before checksums, or by stock
+    paxml), unless its own save says it wrote one: then the manifest was lost, and so may more be."""
+    wrote = any(e['event'] == 'save_committed' and e.get('step') == step and e.get('manifest')
+                for e in events_lib.read(self._events.job_log_dir, self._host))
+    if wrote:
+      return Finding(Kind.DAMAGE, 'its save wrote a content manifest (save_committed event) and it is gone',
+                     self._host)
+    logging.info('[autockpt] checkpoint %d has no content manifest (saved before checksums, or by stock '
+                 'paxml): restored unverified.', step)
+    return None
 
   def _act(self, step: int, found: Finding, tries: int) -> int:
     """What every host does about the agreed finding; returns the next try's number (0 for the next

@@ -196,10 +196,15 @@ def test_bad_wiring_exits_2_with_one_line():
   assert len(errors) == 1 and '--host_idx' in errors[0]
 
 
-def test_what_only_host_1_sees_damage_or_a_config_slip_is_decided_alike_by_both(jobs, job_dir, tmp_path):
-  """One slice over 2 hosts (each writes its half of every sharded array); a byte flips in a shard only
-  host 1 wrote: host 1's check finds it, both hosts skip that checkpoint and restore the same one. Then a
-  config slip on host 1 only: both exit 2."""
+def test_restore_decisions_agreed_across_hosts_and_verified_on_another_topology(jobs, job_dir, tmp_path):
+  """One slice over 2 hosts (each writes its half of every sharded array), five process starts:
+  1. 2 hosts train and are preempted; a byte flips in a shard only host 1 wrote.
+  2. 2 hosts: host 1's check finds it, both hosts skip that checkpoint and restore the same one.
+  3. A config slip on host 1 only: both exit 2 with host 1's line, nothing moved.
+  4. 1 host (another topology: no restored shard is a saved one, so the saved shards are read back from
+     storage): a byte flipped in host 1's half of the newest checkpoint is still found; every saved shard
+     is checked.
+  5. 2 hosts again, from the 1-host checkpoint: the read-back is split across hosts; none unchecked."""
   exp = 'pax_autockpt.tools.bench_experiments.TinyModelParallelAutockpt'
   first = _launch(jobs, job_dir, str(tmp_path / 'launch1.log'), 2, exp=exp)
   _wait_training(job_dir, 1, first)
@@ -234,3 +239,28 @@ def test_what_only_host_1_sees_damage_or_a_config_slip_is_decided_alike_by_both(
     got = (failed['step'], failed['kind'], failed['seen_by'], last['code'])
     assert got == (newest, 'mismatch', 1, 2), (failed, last)
   assert (checkpoint_steps(job_dir), sorted(os.listdir(layout.unrestorable_dir(job_dir)))) == before
+
+  name, shard = damage.flip_a_byte(layout.step_dir(layout.checkpoint_dir(job_dir), newest), host=1)
+  single = process.Job(process.ours_argv(exp, job_dir), str(tmp_path / 'single.log'))
+  jobs.append(single)
+  single.wait_for_log(r'\[PAX STATUS\]: Step `\d+` completed')
+  single.send(signal.SIGTERM)
+  assert single.wait(180) == 143, single.log()[-3000:]
+  skipped = [e for e in events_lib.read(job_dir, 0) if e['event'] == 'restore_skipped']
+  assert skipped[-1]['step'] == newest and f'host 0: {name} shard [{shard}] does not match' in skipped[-1]['error']
+  start = _run_events(job_dir, 0)[0]
+  assert start['num_hosts'] == 1 and start['restored_step'] == starts[0]['restored_step'], start
+  assert start['shards_unchecked'] == 0 and start['shards_checked'] > 0, start
+  assert re.search(r'\(\d+ in memory, [1-9]\d* read back from storage\), 0 of \d+ saved shards unchecked',
+                   single.log()), [x for x in single.log().splitlines() if 'manifest' in x]
+  again = _assert_all_preempted_at_same_step(job_dir, 1, restored=start['restored_step'])
+
+  back = _launch(jobs, job_dir, str(tmp_path / 'launch5.log'), 2, exp=exp)
+  _wait_training(job_dir, 1, back, since=_host_log_sizes(job_dir, 2)[1])
+  back.send(signal.SIGTERM)
+  assert back.wait(180) == 143, back.log()[-3000:]
+  starts = [_run_events(job_dir, h)[0] for h in (0, 1)]
+  assert [s['restored_step'] for s in starts] == [again, again] and [s['shards_unchecked'] for s in starts] == [0, 0]
+  assert all(s['shards_checked'] > 0 for s in starts), starts
+  assert re.search(r'\(\d+ in memory, [1-9]\d* read back from storage\)', back.log()), back.log()[-3000:]
+

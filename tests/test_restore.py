@@ -13,6 +13,7 @@ import pytest
 
 from pax_autockpt import failures
 from pax_autockpt import layout
+from pax_autockpt import manifest as manifest_lib
 from pax_autockpt import outcomes
 from pax_autockpt import restore
 from pax_autockpt import settings as settings_lib
@@ -172,3 +173,28 @@ def test_unparseable_metadata_is_damage(job):
   (layout.step_dir(layout.checkpoint_dir(job), 20) / 'metadata' / 'metadata').write_text('{"version": 1.')
   assert ckpt.get_model_states(None, _metadata((4,)), None)[2] == 10 and fake.restored == [10]
   assert 'JSONDecodeError' in fakes.events(job, 'restore_skipped')[0]['error']
+
+
+# --- verification on any topology -------------------------------------------------------------------
+
+
+def test_saved_shards_no_restored_shard_coincides_with_are_read_back():
+  """Saved by 2 hosts in halves, restored whole on one (and the reverse): no restored shard is a saved
+  one, so those are read back from storage; where they coincide, none is."""
+  w = jnp.arange(4, dtype=jnp.float32)
+  assert manifest_lib.uncovered([('w', w)], {'w': {'0:2': 'a', '2:4': 'b'}}) == [('w', '0:2'), ('w', '2:4')]
+  assert manifest_lib.uncovered([('w', w)], {'w': {'0:4': 'a'}, 'gone': {'0:1': 'c'}}) == [('gone', '0:1')]
+  assert manifest_lib.uncovered([('w', w)], {'w': {'0:4': 'a'}}) == []
+
+
+def test_a_lost_manifest_of_a_save_that_wrote_one_is_damage(job):
+  ckpt, fake = fakes.wrap(job, settings_lib.Settings(notices='off'), interval=10)
+  for step in (10, 20):
+    ckpt.save_if_needed(step, fakes.STATE)
+  ckpt.wait_until_finished()
+  assert all(e.get('manifest') for e in fakes.events(job, 'save_committed'))
+  layout.manifest_dir(layout.step_dir(layout.checkpoint_dir(job), 20)).rmtree()
+  ckpt, fake = fakes.wrap(job, settings_lib.Settings(notices='off'), interval=10)
+  assert ckpt.get_model_states(None, None, None)[2] == 10 and fake.restored == [20, 10]
+  assert 'its save wrote a content manifest' in fakes.events(job, 'restore_skipped')[0]['error']
+  assert ckpt.verified == {'shards_checked': 3, 'shards_unchecked': 0}

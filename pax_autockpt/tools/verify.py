@@ -5,7 +5,6 @@ tensorstore and digested. One line per checkpoint; exit 0 when all are whole, 1 
 """
 
 import argparse
-import os
 import sys
 import time
 
@@ -21,11 +20,7 @@ def is_ocdbt(step_path: epath.Path) -> bool:
 
 
 def open_array(step_path: epath.Path, name: str, ocdbt: bool):
-  """One saved array of a checkpoint, as orbax 0.5.9 lays it out (zarr or OCDBT), through tensorstore."""
-  from orbax.checkpoint import type_handlers  # pylint: disable=g-import-not-at-top
-  import tensorstore as ts  # pylint: disable=g-import-not-at-top
-  spec = type_handlers.get_tensorstore_spec(os.fspath(step_path / 'state'), name=name, use_ocdbt=ocdbt)
-  return ts.open(ts.Spec(spec), open=True, context=type_handlers.get_ts_context(ocdbt)).result()
+  return manifest_lib.open_saved(step_path, name, ocdbt)
 
 
 def check(step_path: epath.Path) -> tuple[str, bool]:
