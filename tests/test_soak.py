@@ -24,6 +24,28 @@ def test_checks_catch_a_lost_sigterm():
   soak._check(tally, 1, prev, run, committed_before={0, 321}, interval=500)  # pylint: disable=protected-access
   assert any('restored 0, newest committed was 321' in f for f in tally.failures)
   assert any('SIGTERM exit lost 321 steps' in f for f in tally.failures)
+  assert tally.sigterm_steps_lost == 321
+
+
+def test_checks_catch_a_lost_or_set_aside_checkpoint(tmp_path):
+  """Restore safety's counts must be able to fail: a committed checkpoint gone without a policy's
+  `deleted` event, one set aside though no damage was injected, an uncommitted one restored."""
+  from pax_autockpt import events as events_lib  # pylint: disable=g-import-not-at-top
+  from pax_autockpt import layout  # pylint: disable=g-import-not-at-top
+  job = tmp_path / 'job'
+  for step in (500, 1000):
+    (layout.step_dir(layout.checkpoint_dir(job), step) / 'state').mkdir(parents=True)
+  log = events_lib.EventLog(job, 0)
+  log.write('deleted', step=0)
+  tally = soak.Tally()
+  soak._safety(tally, 3, str(job), 1, committed_before={0, 500, 1000, 1500}, events_before=[0])  # pylint: disable=protected-access
+  assert tally.committed_lost == 1 and 'committed checkpoints [1500] are gone' in tally.failures[0]
+  log.write('restore_skipped', step=1000, error='x')
+  soak._safety(tally, 4, str(job), 1, committed_before={500, 1000}, events_before=[1])  # pylint: disable=protected-access
+  assert tally.set_aside_without_damage == 1 and tally.committed_lost == 1
+  soak._check(tally, 5, [{'event': 'start', 'restored_step': None}], [{'event': 'start', 'restored_step': 700}],  # pylint: disable=protected-access
+              committed_before={500}, interval=500)
+  assert tally.uncommitted_restored == 1
 
 
 @pytest.mark.soak

@@ -4,9 +4,16 @@ Moments include the middle of a save and the restore. Each cycle checks, from th
 checkpoint directory: a SIGTERM lost 0 steps (the next run restores the agreed step), a SIGKILL lost
 at most the save interval (the next run restores the newest committed checkpoint), no incomplete
 checkpoint is ever restored, and leftovers never block a later save. Prints the counts.
+
+With `--gcs` the job lives on a local GCS server (pax_autockpt.tools.local_gcs) and each cycle may also
+get a storage fault on the checkpoints' objects — a window of 503s, a latency spike, or writes failing
+at random (uploads cut mid-way) — at a random moment. Then it also counts what restore safety promises:
+committed checkpoints lost 0, uncommitted ones restored 0, checkpoints set aside without damage 0 (no
+damage is injected), hosts hung 0.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -15,6 +22,7 @@ import re
 import signal
 import sys
 import tempfile
+import threading
 import time
 
 from pax_autockpt import events as events_lib
@@ -24,6 +32,13 @@ from pax_autockpt.tools import process
 _STEP_DONE = r'\[PAX STATUS\]: Step `\d+` completed'
 _RESTORING = r'\[PAX STATUS\]: Starting checkpoint load'
 _MOMENTS = ('training', 'save', 'restore')
+# Storage faults on the checkpoints' objects only: the event log is what the soak measures with.
+_FAULTS = {
+    'none': {},
+    '503 window': dict(fail_fraction=1.0, status=503, path_contains='/checkpoints/'),
+    'latency spike': dict(latency_ms=400.0),
+    'writes failing': dict(fail_fraction=0.3, writes_only=True, status=503, path_contains='/checkpoints/'),
+}
 
 
 @dataclasses.dataclass
@@ -36,6 +51,12 @@ class Tally:
   max_lost: int = 0
   failures: list = dataclasses.field(default_factory=list)
   final_step: int | None = None
+  faults: dict = dataclasses.field(default_factory=dict)  # --gcs: storage faults injected, by kind
+  committed_lost: int = 0
+  uncommitted_restored: int = 0
+  set_aside_without_damage: int = 0
+  hosts_hung: int = 0
+  sigterm_steps_lost: int = 0
 
 
 def _runs(job_dir, num_hosts):
@@ -130,36 +151,79 @@ def _children(pid):
   return out
 
 
-def _check(tally, cycle, prev, run, committed_before, interval):
+def _check(tally, cycle, prev, run, committed_before, interval, faulted=False):
   """A restarted run restored the newest committed step, and lost at most what the signal allows."""
   restored = run[0]['restored_step']
   newest = max(committed_before) if committed_before else None
   if restored != newest:
     tally.failures.append(f'cycle {cycle}: restored {restored}, newest committed was {newest}')
+  if restored is not None and restored not in committed_before:
+    tally.uncommitted_restored += 1
   reached = max([e['step'] for e in prev if isinstance(e.get('step'), int)] + [0])
   lost = max(0, reached - (restored or 0))
   clean = any(e['event'] == 'exit' and e['code'] == 143 for e in prev)
   if clean and lost:
     tally.failures.append(f'cycle {cycle}: a SIGTERM exit lost {lost} steps')
-  if lost > interval:
+    tally.sigterm_steps_lost += lost
+  if lost > interval and not faulted:  # failed saves under a storage fault may lose more
     tally.failures.append(f'cycle {cycle}: lost {lost} steps > save interval {interval}')
   tally.steps_lost += lost
   tally.max_lost = max(tally.max_lost, lost)
   started = [e['step'] for e in run if e['event'] == 'save_started']
   done = {e['step'] for e in run if e['event'] == 'save_committed'}
-  if [s for s in started[:-1] if s not in done]:
+  if [s for s in started[:-1] if s not in done] and not faulted:
     tally.failures.append(f'cycle {cycle}: a save was blocked (started, never committed)')
 
 
-def run(cycles, num_hosts, workdir, seed, exp, target_step, interval=500):
+def _safety(tally, cycle, job_dir, num_hosts, committed_before, events_before):
+  """What no cycle may do: lose a committed checkpoint (one neither deleted by a policy nor set aside),
+  or set one aside (no damage is injected here)."""
+  new = [e for host in range(num_hosts) for e in events_lib.read(job_dir, host)[events_before[host]:]]
+  deleted = {e['step'] for e in new if e['event'] in ('deleted', 'restore_skipped')}
+  aside = {e['step'] for e in new if e['event'] == 'restore_skipped'}
+  lost = committed_before - _committed(job_dir) - deleted
+  if lost:
+    tally.committed_lost += len(lost)
+    tally.failures.append(f'cycle {cycle}: committed checkpoints {sorted(lost)} are gone')
+  if aside:
+    tally.set_aside_without_damage += len(aside)
+    tally.failures.append(f'cycle {cycle}: {sorted(aside)} set aside, but no damage was injected')
+
+
+class _FaultWindow:
+  """One storage fault at a random moment of a cycle, for a random time, then normal service."""
+
+  def __init__(self, gcs, rng):
+    self.kind = rng.choice(tuple(_FAULTS))
+    self._gcs, self._start, self._length = gcs, rng.uniform(0.0, 25.0), rng.uniform(5.0, 40.0)
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+    if _FAULTS[self.kind]:
+      self._thread.start()
+
+  def _run(self):
+    if not self._stop.wait(self._start):
+      self._gcs.set_faults(**_FAULTS[self.kind])
+      self._stop.wait(self._length)
+    self._gcs.set_faults()
+
+  def end(self):
+    self._stop.set()
+    if self._thread.is_alive():
+      self._thread.join()
+
+
+def run(cycles, num_hosts, workdir, seed, exp, target_step, interval=500, gcs=None):
   rng = random.Random(seed)
-  job_dir = os.path.join(workdir, 'job')
+  job_dir = gcs.url('soak') if gcs is not None else os.path.join(workdir, 'job')
   argv = process.ours_argv(exp, job_dir)
   tally = Tally()
   for cycle in range(cycles + 1):
     final = cycle == cycles
     committed_before, starts = _committed(job_dir), _count(job_dir, 'start')
+    events_before = [len(events_lib.read(job_dir, host)) for host in range(num_hosts)]
     job = _start(argv, num_hosts, os.path.join(workdir, f'cycle{cycle}.log'))
+    fault = _FaultWindow(gcs, rng) if gcs is not None and not final else None
     signum = moment = None
     if not final:
       signum, moment = rng.choice((signal.SIGTERM, signal.SIGKILL)), rng.choice(_MOMENTS)
@@ -172,15 +236,22 @@ def run(cycles, num_hosts, workdir, seed, exp, target_step, interval=500):
       else:
         signum = None
     try:
-      code = job.wait(900 if final else 300)
+      code = job.wait(900 if final else 600)
     except Exception:  # pylint: disable=broad-except
       code = None
+      tally.hosts_hung += 1
       tally.failures.append(f'cycle {cycle}: did not exit')
+    faulted = fault is not None and fault.kind != 'none'
+    if fault is not None:
+      fault.end()
+      tally.faults[fault.kind] = tally.faults.get(fault.kind, 0) + 1
     runs = _runs(job_dir, num_hosts)[0]
     new = len(runs) > starts  # a run killed during its restore never wrote its start event
     if new and len(runs) >= 2:
-      _check(tally, cycle, runs[-2], runs[-1], committed_before, interval)
+      _check(tally, cycle, runs[-2], runs[-1], committed_before, interval, faulted)
+    _safety(tally, cycle, job_dir, num_hosts, committed_before, events_before)
     what = 'final' if final else (f'{signal.Signals(signum).name} during {moment}' if signum else '-')
+    what += f', storage: {fault.kind}' if fault is not None else ''
     print(f'[soak] cycle {cycle}: {what} -> exit {code}, restored '
           f'{runs[-1][0]["restored_step"] if new else "(killed before restoring)"}', flush=True)
     if final:
@@ -271,12 +342,29 @@ def _last_step(log):
   return steps[-1] if steps else -1
 
 
+@contextlib.contextmanager
+def _local_gcs(workdir):
+  """A local GCS server for the cycles, its variables in this process's environment (the soak's own
+  checks read the bucket) and so in every training process; stopped by pid at the end."""
+  from pax_autockpt.tools import local_gcs  # pylint: disable=g-import-not-at-top
+  saved = dict(os.environ)
+  with local_gcs.LocalGCS(os.path.join(workdir, 'gcs')) as gcs:
+    os.environ.update(gcs.env(), GCS_STAT_CACHE_MAX_AGE='0', TF_CPP_MIN_LOG_LEVEL='1')
+    try:
+      yield gcs
+    finally:
+      os.environ.clear()
+      os.environ.update(saved)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(prog='python -m pax_autockpt.tools.soak', description=__doc__)
   parser.add_argument('--cycles', type=int, default=30)
   parser.add_argument('--num_hosts', type=int, default=1)
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--workdir', default=None)
+  parser.add_argument('--gcs', action='store_true',
+                      help='the job on a local GCS server, with storage faults injected in cycles')
   parser.add_argument('--scale', type=int, default=None, metavar='N',
                       help='instead of chaos cycles: N hosts, SIGTERM to host 5 only, relaunch (see scale())')
   args = parser.parse_args(argv)
@@ -295,9 +383,12 @@ def main(argv=None):
   workdir = args.workdir or tempfile.mkdtemp(prefix='autockpt-soak-')
   os.makedirs(workdir, exist_ok=True)
   start = time.time()
-  tally = run(args.cycles, args.num_hosts, workdir, args.seed, exp, target_step=target,
-              interval=interval)
-  summary = dataclasses.asdict(tally) | {'num_hosts': args.num_hosts, 'secs': round(time.time() - start)}
+  with contextlib.ExitStack() as stack:
+    gcs = stack.enter_context(_local_gcs(workdir)) if args.gcs else None
+    tally = run(args.cycles, args.num_hosts, workdir, args.seed, exp, target_step=target,
+                interval=interval, gcs=gcs)
+  summary = dataclasses.asdict(tally) | {'num_hosts': args.num_hosts, 'gcs': args.gcs,
+                                         'secs': round(time.time() - start)}
   print('[soak] ' + json.dumps(summary))
   return 0 if not tally.failures else 1
 
