@@ -111,6 +111,18 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
   assert step not in checkpoint_steps(job)[0] and half not in checkpoint_steps(job)[0]
   assert_restorable(job, step2)
 
+  # Run 2b: the bucket refuses every read of that checkpoint's arrays (HTTP 403: not damage, not a
+  # storage hiccup the clients retry): exit 1 with one line naming it; nothing moved, marked or deleted.
+  kept = _objects_of(gcs, job_name, step2)
+  gcs.set_faults(fail_fraction=1.0, status=403, path_contains=f'checkpoints/{_name(step2)}/state')
+  refused = _run(jobs, argv, str(tmp_path / 'run2b.log'))
+  assert refused.wait(180) == 1, refused.log()[-4000:]
+  gcs.set_faults()
+  line, = [x for x in refused.log().splitlines() if f'checkpoint {step2} failed to restore' in x]
+  assert 'not recognised as damage, so nothing was moved; exiting 1.' in line and len(line.split('] ', 1)[1]) < 400
+  assert _objects_of(gcs, job_name, step2) == kept and checkpoint_steps(job)[0][-1] == step2
+  assert events_of(job, 'restore_failed')[-1]['step'] == step2
+
   # Run 3, stock paxml/main.py with the seed's flags: restores run 2's step (never the damaged one,
   # which survives orbax's start-up clean-up); storage then refuses checkpoint writes and a SIGTERM
   # comes: exit 1 with one line naming the newest committed step, never 143.
