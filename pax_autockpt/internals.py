@@ -21,6 +21,7 @@ from orbax.checkpoint import utils as orbax_utils
 
 from pax_autockpt import failures
 from pax_autockpt import layout
+from pax_autockpt import outcomes
 
 WRITTEN_FOR = {'paxml': '1.4.0', 'orbax-checkpoint': '0.5.9'}
 _original_tmp_checkpoints = orbax_utils.tmp_checkpoints
@@ -46,9 +47,15 @@ def retry_listing(budget_secs: float) -> None:
   """orbax lists a job's checkpoints when Pax builds its checkpoint manager, before any restore code of
   ours runs; a storage outage there (TensorFlow's own 10 retries exhausted) ended the run with a
   traceback. The listing is one host's own read: retried here along failures.backoff."""
-  def checkpoint_steps(*args, **kwargs):
-    return failures.retrying_transient(lambda: _original_checkpoint_steps(*args, **kwargs),
-                                       'listing the checkpoints', budget_secs)
+  def checkpoint_steps(checkpoint_dir, *args, **kwargs):
+    try:
+      return failures.retrying_transient(lambda: _original_checkpoint_steps(checkpoint_dir, *args, **kwargs),
+                                         'listing the checkpoints', budget_secs)
+    except Exception as e:  # pylint: disable=broad-except
+      kind = failures.classify(e)
+      waited = f' for {budget_secs:g} s' if kind is failures.Kind.TRANSIENT else ''
+      raise outcomes.RestoreFailed(None, f'the checkpoints in {checkpoint_dir} could not be listed{waited} '
+                                   f'({failures.one_line(e, 200)}); nothing was moved') from e
   orbax_utils.checkpoint_steps = checkpoint_steps
 
 

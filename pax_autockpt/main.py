@@ -56,6 +56,7 @@ from paxml import main as pax_main
 from pax_autockpt import hosts
 from pax_autockpt import layout
 from pax_autockpt import mesh
+from pax_autockpt import outcomes
 
 FLAGS = flags.FLAGS
 TENSORSTORE_FIXED = '0.1.59'  # the Makefile installs this one over paxml's pin
@@ -150,7 +151,10 @@ def main(argv):
   logging.info('[autockpt] %s', wiring.line())
   _warn_if_tensorstore_spins()
   mesh.use_process_group_slices()  # GPU multislice: slices are process groups
-  pax_main.main(argv)
+  try:
+    pax_main.main(argv)
+  except outcomes.RestoreFailed as e:  # before the executor exists (listing the checkpoints): one line
+    _fail(f'{e}; exiting 1.', code=1)
   return 0
 
 

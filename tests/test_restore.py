@@ -7,11 +7,13 @@ import types
 
 import jax
 from jax import numpy as jnp
+from orbax.checkpoint import utils as orbax_utils
 from paxml import checkpoint_metadata
 from paxml import train_states
 import pytest
 
 from pax_autockpt import failures
+from pax_autockpt import internals
 from pax_autockpt import layout
 from pax_autockpt import manifest as manifest_lib
 from pax_autockpt import outcomes
@@ -198,3 +200,25 @@ def test_a_lost_manifest_of_a_save_that_wrote_one_is_damage(job):
   assert ckpt.get_model_states(None, None, None)[2] == 10 and fake.restored == [20, 10]
   assert 'its save wrote a content manifest' in fakes.events(job, 'restore_skipped')[0]['error']
   assert ckpt.verified == {'shards_checked': 3, 'shards_unchecked': 0}
+
+
+def test_listing_the_checkpoints_retries_storage_errors_then_ends_in_one_line(monkeypatch):
+  """orbax lists the checkpoints before any restore code runs: a 503 there is retried; an outage that
+  outlasts the budget is RestoreFailed (main: one line, exit 1), not a traceback."""
+  monkeypatch.setattr(failures.time, 'sleep', lambda s: None)
+  monkeypatch.setattr(orbax_utils, 'checkpoint_steps', orbax_utils.checkpoint_steps)  # undone after the test
+  answers = [ValueError(test_failures.GCS_503), ValueError(test_failures.GCS_503), [100, 200]]
+
+  def listing(directory, *args, **kwargs):
+    answer = answers.pop(0)
+    if isinstance(answer, Exception):
+      raise answer
+    return answer
+
+  monkeypatch.setattr(internals, '_original_checkpoint_steps', listing)
+  internals.retry_listing(10)
+  assert orbax_utils.checkpoint_steps('gs://b/job/checkpoints') == [100, 200] and not answers
+  answers[:] = [ValueError(test_failures.GCS_503)] * 5
+  with pytest.raises(outcomes.RestoreFailed, match=r'the checkpoints in gs://b/job/checkpoints could not be listed '
+                     r'for 10 s \(ValueError: UNAVAILABLE.*\); nothing was moved'):
+    orbax_utils.checkpoint_steps('gs://b/job/checkpoints')
