@@ -86,7 +86,7 @@ def test_every_kind_of_damage_is_passed_over_kept_aside_and_found_offline(jobs, 
   assert 'manifest: host0.json is damaged' in skipped[bad_manifest]
   assert 'is missing' in skipped[missing]
   log = open(tmp_path / 'run2.log').read()
-  assert f'checkpoint {flipped} cannot be restored' in log and f'Model initial global_step={whole}' in log
+  assert f'checkpoint {flipped} is damaged' in log and f'Model initial global_step={whole}' in log
   kept = sorted(os.listdir(layout.unrestorable_dir(job_dir)))  # moved aside, never deleted
   assert kept == sorted(f'checkpoint_{s:08d}' for s in skipped), kept
   assert all((layout.unrestorable_dir(job_dir) / k / 'state').is_dir() for k in kept)
