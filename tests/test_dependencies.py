@@ -40,3 +40,12 @@ def test_jax_0_4_26_cached_executables_write_donated_numpy_memory_in_place(tmp_p
   runs = [subprocess.run([sys.executable, '-c', _DONATE], env=env, capture_output=True, text=True, timeout=120)
           for _ in range(2)]
   assert [r.stdout.strip() for r in runs] == ['False', 'True'], [r.stderr[-2000:] for r in runs]
+
+
+def test_other_paxml_or_orbax_versions_are_named_in_one_line(monkeypatch):
+  from pax_autockpt import internals  # pylint: disable=g-import-not-at-top
+  assert internals.version_warning() is None  # what make venv installs
+  monkeypatch.setitem(internals.WRITTEN_FOR, 'orbax-checkpoint', '0.5.8')
+  warning = internals.version_warning()
+  assert warning.startswith('pax_autockpt patches private parts of orbax-checkpoint 0.5.9 (written for 0.5.8)')
+  assert '\n' not in warning

@@ -102,3 +102,19 @@ def test_tiny_parameter_count_exact():
 def test_continuous_experiments_settings(name, keep, min_interval):
   s = getattr(experiments.lm_cloud_autockpt, name)().autockpt_settings()
   assert s.continuous and s.keep_latest == keep and s.min_interval_secs == min_interval
+
+
+def test_several_processes_without_a_coordination_service_exit_2_at_validate(monkeypatch, capsys):
+  """orbax's barriers and broadcasts would silently do nothing: hosts would commit unsynchronised."""
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  exp = experiment_registry.get(PREFIX + 'LmCloudSpmdTinyAutockpt')()
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(distributed.global_state, 'client', None)
+  with pytest.raises(SystemExit) as e:
+    exp._check_processes()  # pylint: disable=protected-access
+  assert e.value.code == 2
+  err, = capsys.readouterr().err.strip().splitlines()
+  assert err.startswith('error: 2 processes but no jax.distributed coordination service: pass '
+                        '--jax_fully_async_checkpoint=true')
+  monkeypatch.setattr(jax, 'process_count', lambda: 1)
+  exp._check_processes()  # one process: nothing to synchronise  # pylint: disable=protected-access
