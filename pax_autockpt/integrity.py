@@ -16,43 +16,65 @@ from etils import epath
 
 
 def problems(step_path: epath.Path, limit: int = 3) -> list[str]:
-  """Up to `limit` reasons why `step_path` cannot be restored as written; empty when it looks whole."""
+  """Up to `limit` reasons why `step_path` cannot be restored as written; empty when it looks whole.
+
+  Only positive evidence counts: a name is missing when a listing that succeeded lacks it. On gs://,
+  `is_dir()` and `exists()` answer False when the storage refuses or fails the request, so they never
+  decide here; a listing or a read that fails raises, for the caller to classify (pax_autockpt.failures).
+  """
   state = step_path / 'state'
-  if not state.is_dir():
+  if 'state' not in _names(step_path):
     return [f'{state} is missing']
-  found = _ocdbt_problems(state)[:limit]
-  for array in sorted(p for p in state.iterdir() if p.is_dir()):
-    meta = array / '.zarray'
-    if not meta.exists():
-      continue  # not a zarr array (e.g. OCDBT storage): left to the restore
-    try:
-      spec = json.loads(meta.read_text())
-      grid = [math.ceil(s / c) for s, c in zip(spec['shape'], spec['chunks'])]
-      sep = spec.get('dimension_separator', '.')
-    except (ValueError, KeyError, TypeError, ZeroDivisionError) as e:
-      found.append(f'{array.name}/.zarray is damaged ({type(e).__name__})')
-      continue
-    present = {p.name: p for p in array.iterdir()}
-    keys = [sep.join(map(str, i)) for i in itertools.product(*map(range, grid))] if grid else ['0']
-    for key in keys:
-      if key not in present:
-        found.append(f'{array.name}/{key} is missing')
-      elif present[key].stat().length == 0:
-        found.append(f'{array.name}/{key} is empty')
-      if len(found) >= limit:
-        return found
+  entries = _names(state)
+  found = _ocdbt_problems(state, entries)[:limit]
+  for name in sorted(entries):
+    meta = state / name / '.zarray'
+    if name.startswith(('.', '_', 'ocdbt.process_')) or name in ('d', 'manifest.ocdbt') or not meta.exists():
+      continue  # not a zarr array (orbax's own files, OCDBT storage): left to the restore
+    found += _zarr_problems(state / name, meta, limit - len(found))
+    if len(found) >= limit:
+      return found[:limit]
   return found
 
 
-def _ocdbt_problems(state: epath.Path) -> list[str]:
+def _names(folder: epath.Path) -> dict[str, epath.Path]:
+  """What a listing of `folder` holds, by name; raises when the listing fails ({} when it is absent)."""
+  try:
+    return {p.name: p for p in folder.iterdir()}
+  except FileNotFoundError:
+    return {}
+
+
+def _zarr_problems(array: epath.Path, meta: epath.Path, limit: int) -> list[str]:
+  """Every chunk the array's `.zarray` promises, present and non-empty."""
+  try:
+    spec = json.loads(meta.read_text())
+    grid = [math.ceil(s / c) for s, c in zip(spec['shape'], spec['chunks'])]
+    sep = spec.get('dimension_separator', '.')
+  except (ValueError, KeyError, TypeError, ZeroDivisionError) as e:
+    return [f'{array.name}/.zarray is damaged ({type(e).__name__})']
+  present, found = _names(array), []
+  keys = [sep.join(map(str, i)) for i in itertools.product(*map(range, grid))] if grid else ['0']
+  for key in keys:
+    if key not in present:
+      found.append(f'{array.name}/{key} is missing')
+    elif present[key].stat().length == 0:
+      found.append(f'{array.name}/{key} is empty')
+    if len(found) >= limit:
+      break
+  return found
+
+
+def _ocdbt_problems(state: epath.Path, entries: dict[str, epath.Path]) -> list[str]:
   """Whether an OCDBT checkpoint's manifests and data files are there and non-empty."""
   found = []
-  for db in [state, *state.glob('ocdbt.process_*')]:
-    data = db / 'd'
-    if not data.is_dir():
+  databases = [(state, entries)]
+  databases += [(p, _names(p)) for n, p in sorted(entries.items()) if n.startswith('ocdbt.process_')]
+  for db, names in databases:
+    if 'd' not in names:
       continue
-    manifest = db / 'manifest.ocdbt'
-    if not manifest.exists() or manifest.stat().length == 0:
+    manifest = names.get('manifest.ocdbt')
+    if manifest is None or manifest.stat().length == 0:
       found.append(f'{db.name}/manifest.ocdbt is missing or empty')
-    found += [f'{db.name}/d/{f.name} is empty' for f in data.iterdir() if f.stat().length == 0]
+    found += [f'{db.name}/d/{f.name} is empty' for f in names['d'].iterdir() if f.stat().length == 0]
   return found

@@ -50,3 +50,19 @@ def test_ocdbt_missing_manifest_or_empty_data_file(tmp_path):
   (db / 'd' / 'abc').write_bytes(b'')
   assert integrity.problems(step) == ['ocdbt.process_0/manifest.ocdbt is missing or empty',
                                       'ocdbt.process_0/d/abc is empty']
+
+
+def test_only_a_listing_that_succeeded_is_evidence(tmp_path, monkeypatch):
+  """On gs://, is_dir()/exists() say False when the bucket refuses the request (403, 503): that must not
+  read as "state is missing" (it set a good checkpoint aside); a failing listing raises instead."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  step = epath.Path(tmp_path)
+  _zarr(step)
+  path_type = type(step)
+  monkeypatch.setattr(path_type, 'is_dir', lambda self: False)  # what TF's gfile answers on any error
+  assert integrity.problems(step) == []
+  def refused(self):
+    raise PermissionError(13, 'HTTP 403')
+  monkeypatch.setattr(path_type, 'iterdir', refused)
+  with pytest.raises(PermissionError):
+    integrity.problems(step)
