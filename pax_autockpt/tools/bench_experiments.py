@@ -75,17 +75,21 @@ class TinyMultisliceRareSaves(exps.LmCloudSpmdTinyMultisliceAutockpt):
 
 @experiment_registry.register
 class TinySoakAutockpt(exps.LmCloudSpmdTinyAutockpt):
-  """The tiny model with a schedule that 30 chaos cycles do not finish before the last one."""
+  """The tiny model with a schedule that 30 chaos cycles do not finish before the last one. Pax keeps
+  every checkpoint: the soak counts any committed one that disappears as lost."""
 
   NUM_TRAIN_STEPS = 12_000
+  CHECKPOINT_MAX_TO_KEEP = 1_000_000
 
 
 @experiment_registry.register
 class TinyMultisliceSoakAutockpt(exps.LmCloudSpmdTinyMultisliceAutockpt):
-  """2 local hosts train ~20 steps/s: saves every 100 steps so that a cycle can hit one."""
+  """2 local hosts train ~20 steps/s: saves every 100 steps so that a cycle can hit one. Pax keeps every
+  checkpoint (see TinySoakAutockpt)."""
 
   CHECKPOINT_EVERY_N_STEPS = 100
   NUM_TRAIN_STEPS = 3000
+  CHECKPOINT_MAX_TO_KEEP = 1_000_000
 
 
 @experiment_registry.register
