@@ -37,7 +37,7 @@ class Kind(enum.Enum):
 # action wins (a mismatch anywhere stops everyone before anything moves; damage anywhere is evidence).
 PRECEDENCE = (Kind.MISMATCH, Kind.DAMAGE, Kind.UNKNOWN, Kind.TRANSIENT)
 
-# TensorFlow's and gRPC's names for errors that a retry can cure (tf.errors.<Name>Error, status codes).
+# TensorFlow's (tf.errors.<Name>Error) and Python's names for errors that a retry can cure.
 _TRANSIENT_TYPES = {'UnavailableError', 'DeadlineExceededError', 'ResourceExhaustedError', 'AbortedError',
                     'CancelledError', 'ConnectionError', 'TimeoutError', 'MemoryError', 'URLError',
                     'RemoteDisconnected', 'IncompleteRead'}
@@ -68,6 +68,9 @@ def classify(error: BaseException) -> Kind:
 
 def _classify_one(error: BaseException) -> Kind:
   names = {t.__name__ for t in type(error).__mro__}
+  code = getattr(error, 'code', None)
+  if 'HTTPError' in names and isinstance(code, int) and code < 500 and code != 429:
+    return Kind.UNKNOWN  # a 4xx answer: a retry gets the same
   if isinstance(error, (json.JSONDecodeError, FileNotFoundError)):
     return Kind.DAMAGE  # a file of a committed checkpoint that does not parse, or is not there
   if names & _TRANSIENT_TYPES or getattr(error, 'errno', None) in _TRANSIENT_ERRNOS:

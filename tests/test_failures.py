@@ -3,6 +3,7 @@
 
 import errno
 import json
+import urllib.error
 
 import pytest
 
@@ -39,6 +40,8 @@ GCS_503 = 'UNAVAILABLE: Error reading "state/d/f43e": HTTP response code: 503 wi
     (TimeoutError('read timed out'), Kind.TRANSIENT),
     (ValueError('something nobody has seen'), Kind.UNKNOWN),
     (PermissionError(errno.EACCES, 'Permission denied'), Kind.UNKNOWN),
+    (urllib.error.HTTPError('http://x', 503, 'Service Unavailable', None, None), Kind.TRANSIENT),
+    (urllib.error.HTTPError('http://x', 403, 'Forbidden', None, None), Kind.UNKNOWN),
 ], ids=lambda x: x.value if isinstance(x, Kind) else type(x).__name__)
 def test_classify(error, kind):
   assert failures.classify(error) is kind
