@@ -26,6 +26,10 @@ from absl import logging
 T = TypeVar('T')
 
 
+class Damaged(ValueError):
+  """A file of a committed checkpoint that is there but unreadable as what it must be (names the file)."""
+
+
 class Kind(enum.Enum):
   DAMAGE = 'damage'
   MISMATCH = 'mismatch'
@@ -71,7 +75,7 @@ def _classify_one(error: BaseException) -> Kind:
   code = getattr(error, 'code', None)
   if 'HTTPError' in names and isinstance(code, int) and code < 500 and code != 429:
     return Kind.UNKNOWN  # a 4xx answer: a retry gets the same
-  if isinstance(error, (json.JSONDecodeError, FileNotFoundError)):
+  if isinstance(error, (Damaged, json.JSONDecodeError, FileNotFoundError)):
     return Kind.DAMAGE  # a file of a committed checkpoint that does not parse, or is not there
   if names & _TRANSIENT_TYPES or getattr(error, 'errno', None) in _TRANSIENT_ERRNOS:
     return Kind.TRANSIENT

@@ -114,7 +114,10 @@ def fit_problem(step_path: epath.Path, metadata: Any, *, input_state: bool, host
   """Why a whole checkpoint cannot serve this run, or None. Reads only its small metadata files."""
   meta = step_path / 'metadata' / 'metadata'
   if metadata is not None and getattr(metadata, 'unpadded_global_shapes', None) is not None and meta.exists():
-    saved = json.loads(meta.read_text()).get('train_state_metadata')  # unparseable: damage
+    try:
+      saved = json.loads(meta.read_text()).get('train_state_metadata')
+    except json.JSONDecodeError as e:
+      raise failures.Damaged(f'metadata/metadata is not JSON ({e}, {meta.stat().length} bytes)') from None
     if saved is not None:
       differs = array_mismatch(_arrays(saved), expected_arrays(metadata))
       if differs:
