@@ -5,6 +5,8 @@ or with stock `paxml/main.py` and the guide's flags. The autocheckpoint settings
 `AUTOCKPT_*` class attributes of `pax_autockpt.experiment.AutockptMixin`; override them in a subclass.
 """
 
+import os
+
 import jax
 from jax import numpy as jnp
 from paxml import experiment_registry
@@ -14,6 +16,7 @@ from praxis import layers
 from praxis import pax_fiddle
 from praxis import py_utils
 
+from experiments import tfrecord_lm_input
 from pax_autockpt.experiment import AutockptMixin
 
 _SMOKE = ['smoke_test_abstract_init']
@@ -125,3 +128,25 @@ class LmCloudSpmdTinyContinuousAutockpt(LmCloudSpmdTinyAutockpt):
   AUTOCKPT_MIN_INTERVAL_SECS = 1.0
   AUTOCKPT_KEEP_LATEST = 3
   NUM_TRAIN_STEPS = 100_000
+
+
+@experiment_registry.register(tags=_SMOKE)
+class LmCloudSpmdTinyTFRecordAutockpt(LmCloudSpmdTinyAutockpt):
+  """The CPU-sized twin on real data with input checkpointing: every batch differs (a shuffled
+  TFRecord file, experiments.tfrecord_lm_input), and each checkpoint holds the input's position, so a
+  resumed run draws exactly the batches an uninterrupted one would. The file is $AUTOCKPT_TINY_TFRECORD
+  (make one with `python -m experiments.tfrecord_lm_input PATH`). 600 steps, a save every 200."""
+
+  NUM_TRAIN_STEPS = 600
+  CHECKPOINT_EVERY_N_STEPS = 200
+
+  def datasets(self):
+    train = pax_fiddle.Config(tfrecord_lm_input.TFRecordLmInput, is_training=True, seq_len=self.MAX_SEQ_LEN,
+                              file_pattern=os.environ.get('AUTOCKPT_TINY_TFRECORD', ''),
+                              batch_size=self.PERCORE_BATCH_SIZE * jax.local_device_count())
+    return [train, super().datasets()[1]]
+
+  def task(self):
+    task_p = super().task()
+    task_p.train.enable_input_checkpointing = True
+    return task_p

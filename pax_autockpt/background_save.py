@@ -9,12 +9,18 @@ device buffers at the next step — and then runs orbax's own save, unchanged, o
 background thread, where it also waits for orbax's commit. Multi-host waits there must not be device
 collectives (they would interleave with the training step's); `internals` routes orbax's barriers and
 broadcasts through jax.distributed's coordination service.
+
+The training input's position (Pax's `train_input` item, with `enable_input_checkpointing`) is part of
+the same snapshot: its `get_state()` runs here, on the training thread, so the position saved with a step
+is that step's; passed by reference, the background thread would read it after the loop drew more
+batches, and a resumed run would skip them.
 """
 
 import dataclasses
 import threading
 from typing import Any, Callable
 
+from absl import logging
 from etils import epath
 import jax
 import numpy as np
@@ -22,6 +28,7 @@ from orbax.checkpoint import type_handlers
 
 from pax_autockpt import internals
 
+INPUT_ITEM = 'train_input'  # paxml's checkpoint_paths.INPUT_ITEM_NAME
 
 @dataclasses.dataclass(frozen=True)
 class HostShard:
@@ -83,6 +90,44 @@ def to_host(tree: Any, copy: bool = True) -> Any:
   return jax.tree_util.tree_map(host, tree)
 
 
+class InputSnapshot:
+  """A training input's position at the captured step: the bytes of its `get_state()`, written by
+  the background save where Pax's BaseInput.save would write them."""
+
+  def __init__(self, state: bytes):
+    self.state = state
+
+  def save(self, checkpoint_path: epath.PathLike) -> None:
+    epath.Path(checkpoint_path).write_bytes(self.state)
+
+
+_by_reference_warned: set[str] = set()
+
+
+def input_snapshot(pipeline: Any) -> Any:
+  """The pipeline's position now (an InputSnapshot). An input that implements only save()/restore(),
+  not get_state(), stays by reference: its position is saved late, so a resumed run may skip batches
+  (Pax's own caveat for such inputs); one warning says so."""
+  try:
+    return InputSnapshot(pipeline.get_state())
+  except NotImplementedError:
+    name = type(pipeline).__name__
+    if name not in _by_reference_warned:
+      _by_reference_warned.add(name)
+      logging.warning('[autockpt] %s implements no get_state(): its position is saved when the background '
+                      'save writes it, after later batches; a resumed run may skip them.', name)
+    return pipeline
+
+
+def snapshot(items: dict[str, Any], copy: bool) -> dict[str, Any]:
+  """Pax's items for one save, as of now: the state's shards in host memory, the input's position."""
+  def one(name, item):
+    if name == 'state':
+      return to_host(item, copy=copy)
+    return input_snapshot(item) if name == INPUT_ITEM else item
+  return {name: one(name, item) for name, item in items.items()}
+
+
 def _register_with_orbax() -> None:
   """HostArray is written by the very handler (and settings, e.g. Pax's metadata key) registered for
   jax.Array: that entry of orbax's registry is widened to match both (one handler per type string)."""
@@ -112,6 +157,7 @@ class BackgroundSaves:
     if before_commit is not None:
       internals.write_before_commit(orbax_manager, self._write_before_commit)
     internals.use_coordination_service_for_orbax_sync()
+    internals.input_handler_without_collectives(orbax_manager, INPUT_ITEM)
 
   def _write_before_commit(self, directory: epath.Path) -> None:
     if self._saving is not None:
@@ -125,8 +171,8 @@ class BackgroundSaves:
       raise NotImplementedError('orbax save with args= or metrics= (paxml 1.4.0 passes neither)')
     self.wait()
     _register_with_orbax()
-    items = {name: to_host(item, copy=not self.last_save) if name == 'state' else item for name, item in items.items()}
-    self._pending = (step, dict(items=items, save_kwargs=save_kwargs, force=force))
+    self._pending = (step, dict(items=snapshot(items, copy=not self.last_save), save_kwargs=save_kwargs,
+                                force=force))
     return True
 
   def launch(self, started: Started, done: Done) -> int | None:

@@ -208,3 +208,22 @@ def use_coordination_service_for_orbax_sync() -> None:
   key-value store) they are safe from any thread, and cost nothing with one process."""
   orbax_utils.sync_global_processes = _barrier
   orbax_multihost.broadcast_one_to_some = _broadcast
+
+
+def input_handler_without_collectives(orbax_manager: Any, item: str) -> None:
+  """paxml's BaseInputCheckpointHandler ends its save with `sync_global_devices`, a device collective,
+  which from the background save thread would interleave with the training step's. Its item gets a
+  handler that writes the same file (`process_<i>-of-<N>`) and leaves the cross-host wait to orbax's
+  own barrier before the commit (the coordination service, above). Restores are paxml's, unchanged."""
+  from paxml import checkpoints  # pylint: disable=g-import-not-at-top
+
+  class InputHandler(checkpoints.BaseInputCheckpointHandler):
+
+    def save(self, directory: epath.Path, item: Any) -> None:
+      path = directory / f'process_{jax.process_index()}-of-{jax.process_count()}'
+      path.parent.mkdir(parents=True, exist_ok=True)
+      item.save(path)
+
+  wrapper = orbax_manager._checkpointer.handler._known_handlers.get(item)  # pylint: disable=protected-access
+  if wrapper is not None and isinstance(wrapper._handler, checkpoints.BaseInputCheckpointHandler):  # pylint: disable=protected-access
+    wrapper._handler = InputHandler()  # pylint: disable=protected-access

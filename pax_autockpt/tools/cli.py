@@ -30,7 +30,11 @@ def _parser() -> argparse.ArgumentParser:
 
   verify = sub.add_parser('verify', help='check committed checkpoints against their content manifests')
   verify.add_argument('job_log_dir')
-  verify.add_argument('--step', type=int, default=None, help='only this step (default: every committed one)')
+  verify.add_argument('--step', type=int, default=None, help='only this step (default: every committed one; '
+                      'with --against, the newest)')
+  verify.add_argument('--against', default=None, metavar='OTHER',
+                      help="compare with the same step of the job OTHER (or with OTHER, a step directory) "
+                      'array by array, input position included: 0 when identical, 1 naming the first difference')
 
   demo = sub.add_parser('demo', help='train, SIGTERM, save, exit, resume (what `make demo` runs)')
   demo.add_argument('--workdir', default=None)
@@ -55,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                       as_json=args.json)
   if args.command == 'verify':
     from pax_autockpt.tools import verify  # pylint: disable=g-import-not-at-top  (tensorstore, orbax)
+    if args.against is not None:
+      return verify.run_against(args.job_log_dir, args.against, args.step)
     return verify.run(args.job_log_dir, args.step)
   from pax_autockpt.tools import demo  # pylint: disable=g-import-not-at-top
   return demo.run(args.workdir)
