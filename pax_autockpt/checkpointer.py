@@ -86,7 +86,8 @@ class AutockptCheckpointer:
     self.last_step: int | None = inner.step_to_restore
     self._restorer = restore_lib.Restorer(inner, events=events, checksums=settings.checksums,
                                           retry_secs=settings.restore_retry_secs,
-                                          set_aside=self._forget_unrestorable)
+                                          set_aside=self._forget_unrestorable,
+                                          restart_input=settings.input_on_host_change == 'restart')
 
   def __getattr__(self, name: str) -> Any:
     return getattr(self._inner, name)

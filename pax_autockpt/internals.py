@@ -224,6 +224,7 @@ def input_handler_without_collectives(orbax_manager: Any, item: str) -> None:
       path.parent.mkdir(parents=True, exist_ok=True)
       item.save(path)
 
-  wrapper = orbax_manager._checkpointer.handler._known_handlers.get(item)  # pylint: disable=protected-access
+  handlers = getattr(orbax_manager._checkpointer._handler, '_known_handlers', {})  # pylint: disable=protected-access
+  wrapper = handlers.get(item)
   if wrapper is not None and isinstance(wrapper._handler, checkpoints.BaseInputCheckpointHandler):  # pylint: disable=protected-access
     wrapper._handler = InputHandler()  # pylint: disable=protected-access

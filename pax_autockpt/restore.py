@@ -121,12 +121,19 @@ def fit_problem(step_path: epath.Path, metadata: Any, *, input_state: bool, host
       differs = array_mismatch(_arrays(saved), expected_arrays(metadata))
       if differs:
         return differs
+  return input_hosts_problem(step_path, host=host, hosts=hosts) if input_state else None
+
+
+def input_hosts_problem(step_path: epath.Path, *, host: int, hosts: int) -> str | None:
+  """Pax saves the input's position per process (`train_input/process_<i>-of-<N>`): on another number
+  of hosts this host has none to read."""
   inputs = step_path / 'train_input'
-  if input_state and inputs.is_dir() and not (inputs / f'process_{host}-of-{hosts}').exists():
-    written = sorted(p.name for p in inputs.iterdir())
-    return (f'its input state was written by {written[0].rsplit("-of-", 1)[-1] if written else "no"} '
-            f'hosts ({", ".join(written[:2])}), this run has {hosts}')
-  return None
+  if not inputs.is_dir() or (inputs / f'process_{host}-of-{hosts}').exists():
+    return None
+  written = sorted(p.name for p in inputs.iterdir())
+  return (f'its input state was written by {written[0].rsplit("-of-", 1)[-1] if written else "no"} hosts '
+          f'({", ".join(written[:2])}), this run has {hosts} (--autockpt_input_on_host_change=restart '
+          'restores the weights and starts the input over)')
 
 
 # --- the restore -----------------------------------------------------------------------------------
@@ -144,9 +151,12 @@ class Restorer:
   """Pax's `get_model_states` for a wrapped Pax checkpointer (see the module docstring)."""
 
   def __init__(self, inner: Any, *, events: events_lib.EventLog, checksums: bool, retry_secs: float,
-               set_aside: Callable[[int], None]):
-    """`set_aside(step)` is called on every host after a damaged checkpoint left the listing."""
+               set_aside: Callable[[int], None], restart_input: bool = False):
+    """`set_aside(step)` is called on every host after a damaged checkpoint left the listing;
+    `restart_input`: an input state written by another number of hosts is not restored (the input
+    starts over) instead of being a mismatch."""
     self._inner = inner
+    self._restart_input = restart_input
     self._events = events
     self._host = events.host
     self._checksums = checksums
@@ -171,10 +181,11 @@ class Restorer:
         return self._inner.get_model_states(partitioner, metadata, root_prng_key, train_input_pipeline)
       self._key = f'autockpt/restore/{step}/{tries}'
       began, restored = time.time(), None
-      found = agree(f'{self._key}/check', self._host, self._check(step, metadata, train_input_pipeline))
+      pipeline = self._input_to_restore(step, train_input_pipeline)
+      found = agree(f'{self._key}/check', self._host, self._check(step, metadata, pipeline))
       if found is None:
         try:
-          restored = self._inner.get_model_states(partitioner, metadata, root_prng_key, train_input_pipeline)
+          restored = self._inner.get_model_states(partitioner, metadata, root_prng_key, pipeline)
         except _Agreed as e:
           found = e.finding
       if found is None and self._checksums:
@@ -183,6 +194,24 @@ class Restorer:
         logging.info('[autockpt] checkpoint %d restored in %.3f s.', step, time.time() - began)
         return restored
       tries = self._act(step, found, tries)
+
+  def _input_to_restore(self, step: int, pipeline: Any) -> Any:
+    """The input pipeline to restore with the state, or None where its saved position was written by
+    another number of hosts and the setting says to start the input over (a warning and an event)."""
+    if pipeline is None or not self._restart_input:
+      return pipeline
+    try:
+      why = input_hosts_problem(layout.step_dir(self.checkpoint_dir, step), host=self._host, hosts=self._hosts)
+    except Exception:  # pylint: disable=broad-except
+      return pipeline  # the check below classifies a listing that fails
+    if why is None:
+      return pipeline
+    why = why.split(' (--autockpt_', 1)[0]
+    logging.warning('[autockpt] checkpoint %d: %s; restoring the weights and starting the input over '
+                    '(--autockpt_input_on_host_change=restart): batches already trained on may come again.',
+                    step, why)
+    self._events.write('input_restarted', step=step, reason=why)
+    return None
 
   def _check(self, step: int, metadata: Any, train_input_pipeline: Any) -> Finding | None:
     path = layout.step_dir(self.checkpoint_dir, step)

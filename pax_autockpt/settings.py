@@ -126,6 +126,10 @@ class Settings:
   restore_retry_secs: float = option(300.0, 'a restore that fails with a storage or network error is retried '
                                      'with backoff this long, then the run exits 1 with nothing moved',
                                      rule=_seconds_at_least_0)
+  input_on_host_change: str = option('exit', "input checkpointing on, a restart on another number of hosts than "
+                                     "the checkpoint's: 'exit' (2, nothing moved) or 'restart' (the weights "
+                                     "restore, the input starts over; a warning and an `input_restarted` event)",
+                                     rule=_choice('exit', 'restart'))
   save_policy: Any = option(None, 'any save-decision policy object, or a `pax_fiddle.Config` of one',
                             rule=_save_policy, flag=False,
                             replaced_by=('continuous', 'min_interval_secs', 'mtbf_hours'))

@@ -39,3 +39,12 @@ class TinyModelParallelHost1Wider(bench_experiments.TinyModelParallelAutockpt):
   @property
   def HIDDEN_DIMS(self):  # pylint: disable=invalid-name
     return self.MODEL_DIMS * 4
+
+
+@experiment_registry.register
+class TinyTFRecordRareSaves(lm_cloud_autockpt.LmCloudSpmdTinyTFRecordAutockpt):
+  """The real-input twin, 1000 steps and Pax's interval saves only at 0 and 1000: every other
+  checkpoint of a run is one the test caused (continuous, SIGTERM, Ctrl-C, notice)."""
+
+  NUM_TRAIN_STEPS = 1000
+  CHECKPOINT_EVERY_N_STEPS = 1000

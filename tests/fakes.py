@@ -187,7 +187,8 @@ class FakePaxCheckpointer:
 
   def get_model_states(self, partitioner, metadata, root_prng_key, train_input_pipeline=None):
     """As paxml: reads the arrays (`_restore_with_args`), then works on the restored state."""
-    del partitioner, metadata, root_prng_key, train_input_pipeline
+    del partitioner, metadata, root_prng_key
+    self.input_restored = train_input_pipeline is not None
     step = self._step_to_restore
     state = STATE if step is None else self._restore_with_args(step)
     return state, None, step or 0, None

@@ -29,3 +29,34 @@ def test_the_last_save_reads_the_arrays_in_place():
   assert isinstance(data, np.ndarray)
   np.testing.assert_array_equal(data, np.asarray(state['w']))
   assert jax.devices()[0].platform != 'cpu' or np.shares_memory(data, np.asarray(state['w']))
+
+
+class _CountingInput:
+  """A stand-in for a Pax BaseInput with input checkpointing: get_state() is its position."""
+
+  def __init__(self):
+    self.drawn = 0
+
+  def get_state(self) -> bytes:
+    return str(self.drawn).encode()
+
+
+def test_the_input_position_is_the_captured_steps_not_the_one_when_the_background_save_writes(tmp_path):
+  pipeline = _CountingInput()
+  pipeline.drawn = 300
+  items = background_save.snapshot({'state': _state(), 'train_input': pipeline, 'metadata': {'v': 1}}, copy=True)
+  pipeline.drawn = 311  # the loop draws on while the background save runs
+  items['train_input'].save(tmp_path / 'process_0-of-1')
+  assert (tmp_path / 'process_0-of-1').read_bytes() == b'300'
+  assert items['metadata'] == {'v': 1} and isinstance(items['state']['w'], background_save.HostArray)
+
+
+def test_an_input_without_get_state_is_saved_by_reference_with_one_warning(caplog):
+  class SaveOnly:
+    def get_state(self):
+      raise NotImplementedError
+
+  pipeline = SaveOnly()
+  for _ in range(2):
+    assert background_save.snapshot({'train_input': pipeline}, copy=True)['train_input'] is pipeline
+  assert sum('implements no get_state()' in r.getMessage() for r in caplog.records) == 1

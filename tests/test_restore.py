@@ -167,7 +167,29 @@ def test_fit_input_state_written_by_another_number_of_hosts(tmp_path):
   assert _fit(path, _metadata((4,)), input_state=True, host=1, hosts=2) is None
   assert _fit(path, _metadata((4,)), input_state=False, hosts=1) is None  # this run reads no input state
   assert _fit(path, _metadata((4,)), input_state=True, hosts=1) == (
-      'its input state was written by 2 hosts (process_0-of-2, process_1-of-2), this run has 1')
+      'its input state was written by 2 hosts (process_0-of-2, process_1-of-2), this run has 1 '
+      '(--autockpt_input_on_host_change=restart restores the weights and starts the input over)')
+
+
+@pytest.mark.parametrize('setting', ['exit', 'restart'])
+def test_input_state_of_another_number_of_hosts_exits_2_or_restarts_the_input(job, setting):
+  for step in (10, 20):
+    path = fakes.write_checkpoint(layout.step_dir(layout.checkpoint_dir(job), step))
+    for host in (0, 1):
+      (path / 'train_input' / f'process_{host}-of-2').parent.mkdir(parents=True, exist_ok=True)
+      (path / 'train_input' / f'process_{host}-of-2').write_bytes(b'{}')
+  ckpt, fake = fakes.wrap(job, settings_lib.Settings(notices='off', checksums=False, input_on_host_change=setting))
+  before = _listing(job)
+  if setting == 'exit':
+    with pytest.raises(outcomes.RestoreMismatch, match='input state was written by 2 hosts.*this run has 1'):
+      ckpt.get_model_states(None, None, None, train_input_pipeline=object())
+    assert fake.restored == [] and not fakes.events(job, 'input_restarted')
+  else:
+    assert ckpt.get_model_states(None, None, None, train_input_pipeline=object())[2] == 20
+    assert fake.restored == [20] and not fake.input_restored  # the weights, not the input
+    restarted, = fakes.events(job, 'input_restarted')
+    assert restarted['step'] == 20 and 'written by 2 hosts' in restarted['reason']
+  assert _listing(job) == before
 
 
 def test_unparseable_metadata_is_damage(job):

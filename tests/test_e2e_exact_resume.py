@@ -1,0 +1,131 @@
+"""End to end, exact resume with a real input pipeline (a shuffled TFRecord file, input checkpointing on).
+
+One uninterrupted run, and beside it one job stopped four ways and resumed each time: SIGKILL during a
+continuous save, SIGTERM, Ctrl-C, a preemption notice's save then SIGKILL (a Spot VM reclaimed without
+SIGTERM); the last run trains to the end. Every restart must resume from the newest committed step with
+that step's input position, and the two final checkpoints must be identical array by array, input
+position included (`pax-autockpt verify --against`). Before the input's position was captured on the
+training thread, continuous saves stored positions 4-11 batches ahead of their step.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from experiments import tfrecord_lm_input
+from pax_autockpt import events as events_lib
+from pax_autockpt import hosts
+from pax_autockpt import layout
+from pax_autockpt.tools import fake_metadata
+from pax_autockpt.tools import process
+from tests.conftest import checkpoint_steps
+from tests.test_e2e_ctrl_c import CTRL_C_LINE
+from tests.test_e2e_multihost import _assert_all_preempted_at_same_step
+
+pytestmark = pytest.mark.e2e
+
+EXP = 'tests.e2e_experiments.TinyTFRecordRareSaves'
+FINAL = 1000
+
+
+def _run_events(job_dir):
+  evs = events_lib.read(job_dir)
+  return evs[max(i for i, e in enumerate(evs) if e['event'] == 'start'):]
+
+
+class _Chain:
+  """Runs of one job, each started after the previous ended, on the same data and metadata server."""
+
+  def __init__(self, jobs, tmp_path, metadata):
+    self.jobs, self.tmp_path, self.metadata = jobs, tmp_path, metadata
+    self.job_dir = str(tmp_path / 'resumed')
+    self.env = {**os.environ, 'AUTOCKPT_TINY_TFRECORD': str(tmp_path / 'data.tfrecord'),
+                'GCE_METADATA_HOST': metadata.host}
+
+  def start(self, name, *flags, job_dir=None):
+    argv = process.ours_argv(EXP, job_dir or self.job_dir, '--host_idx=0', '--num_hosts=1',
+                             f'--server_addr=127.0.0.1:{hosts.free_loopback_port()}', *flags)
+    job = process.Job(argv, str(self.tmp_path / f'{name}.log'), env=self.env)
+    self.jobs.append(job)
+    return job
+
+  def training_past(self, job, step):
+    """Until the newest run trains beyond `step` (Pax's summaries, every 100 steps)."""
+    process.wait_until(lambda: any(int(s) > step for s in re.findall(r'summary tensor at step=(\d+) ', job.log())),
+                       f'training past step {step}', 300, 0.05, job)
+
+  def restored(self, expected):
+    """The newest run restored `expected`, the newest committed step when it started."""
+    assert _run_events(self.job_dir)[0]['restored_step'] == expected
+
+
+def test_stopped_four_ways_and_resumed_ends_identical_to_an_uninterrupted_run(jobs, tmp_path):
+  tfrecord_lm_input.write_corpus(str(tmp_path / 'data.tfrecord'))
+  with fake_metadata.FakeMetadataServer(str(tmp_path / 'metadata')) as metadata:
+    chain = _Chain(jobs, tmp_path, metadata)
+    uninterrupted_dir = str(tmp_path / 'uninterrupted')
+    uninterrupted = chain.start('uninterrupted', '--autockpt_notices=off', job_dir=uninterrupted_dir)
+
+    # 1. SIGKILL while a continuous save is in flight: the newest committed one is resumed from.
+    run = chain.start('run1', '--autockpt_continuous', '--autockpt_notices=off')
+    started = process.wait_until(
+        lambda: [e for e in events_lib.read(chain.job_dir) if e['event'] == 'save_started'
+                 and e['reason'] == 'continuous' and e['step'] >= 100], 'a continuous save past step 100', 300, 0.01,
+        run)
+    run.kill()
+    killed_mid_save = started[0]['step']
+    resume_from = max(checkpoint_steps(chain.job_dir)[0])  # killed_mid_save, if it committed in time
+    assert resume_from <= killed_mid_save
+
+    # 2. SIGTERM: the agreed step is saved, exit 143.
+    run = chain.start('run2', '--autockpt_notices=off')
+    chain.training_past(run, resume_from)
+    run.send(signal.SIGTERM)
+    assert run.wait(120) == 143, run.log()[-3000:]
+    chain.restored(resume_from)
+    resume_from = _assert_all_preempted_at_same_step(chain.job_dir, 1, resume_from, signal_name='SIGTERM')
+
+    # 3. Ctrl-C: saved, exit 130, one line.
+    run = chain.start('run3', '--autockpt_notices=off')
+    chain.training_past(run, resume_from)
+    run.send(signal.SIGINT)
+    assert run.wait(120) == 130, run.log()[-3000:]
+    resume_from = _assert_all_preempted_at_same_step(chain.job_dir, 1, resume_from, code=130, signal_name='SIGINT')
+    assert run.log().count(CTRL_C_LINE) == 1 and 'KeyboardInterrupt' not in run.log()
+
+    # 4. A preemption notice, its save committed, then SIGKILL and no SIGTERM (a Spot VM reclaimed).
+    run = chain.start('run4', '--autockpt_notices=on')
+    run.wait_for_log(r'\[autockpt\] notices: watching', timeout=300)
+    chain.training_past(run, resume_from)
+    sent = time.time()
+    metadata.set('preempted', 'TRUE')
+    notice = process.wait_until(
+        lambda: next((e for e in events_lib.read(chain.job_dir) if e['event'] == 'notice' and e['t'] >= sent
+                      and layout.is_committed(layout.step_dir(layout.checkpoint_dir(chain.job_dir), e['step']))),
+                     None), 'a committed notice save', 120, 0.01, run)
+    run.kill()
+    chain.restored(resume_from)
+    resume_from = notice['step']
+    assert max(checkpoint_steps(chain.job_dir)[0]) == resume_from
+
+    # 5. To the end.
+    run = chain.start('run5', '--autockpt_notices=off')
+    assert run.wait(300) == 0, run.log()[-3000:]
+    chain.restored(resume_from)
+    assert uninterrupted.wait(300) == 0, uninterrupted.log()[-3000:]
+
+  committed, incomplete = checkpoint_steps(chain.job_dir)
+  assert incomplete == [] and FINAL in committed
+  for step in committed:  # every save's input position is its own step's, whatever kind of save it was
+    path = layout.step_dir(layout.checkpoint_dir(chain.job_dir), step) / 'train_input' / 'process_0-of-1'
+    assert tfrecord_lm_input.position(path.read_bytes()) == step, step
+  verify = subprocess.run([sys.executable, '-m', 'pax_autockpt.tools.cli', 'verify', chain.job_dir, '--against',
+                           uninterrupted_dir], capture_output=True, text=True, check=False)
+  assert verify.returncode == 0, verify.stdout + verify.stderr
+  assert re.fullmatch(rf'step {FINAL}: identical to \S+ \(54 arrays, 54 shards, 1 input states, [\d.]+ s\)\n',
+                      verify.stdout)
