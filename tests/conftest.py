@@ -52,9 +52,10 @@ def reset_signals() -> None:
 
 
 # The files with the longest end-to-end tests, ordered by their longest single test (make test,
-# 2 workers, 2026-11-22: gs:// 117 s, soak 106 s, multihost 93 s, then single-host), so that no long
-# test is left to start last.
-_SLOWEST_FIRST = ('test_e2e_gcs.py', 'test_soak.py', 'test_e2e_multihost.py', 'test_e2e_single_host.py',
+# 2 workers, 2026-11-23/24: exact resume ~150 s, gs:// ~190 s, multihost ~155 s, soak ~110 s, then
+# single-host), so that no long test is left to start last.
+_SLOWEST_FIRST = ('test_e2e_exact_resume.py', 'test_e2e_gcs.py', 'test_e2e_multihost.py', 'test_soak.py',
+                  'test_e2e_single_host.py',
                   'test_e2e_ctrl_c.py', 'test_e2e_continuous.py', 'test_e2e_notices.py',
                   'test_e2e_restore_fallback.py', 'test_e2e_policies.py', 'test_e2e_disk_full.py',
                   'test_bad_input.py')

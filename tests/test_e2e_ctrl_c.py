@@ -8,7 +8,6 @@ import pytest
 
 from pax_autockpt import events as events_lib
 from pax_autockpt import layout
-from pax_autockpt.tools import process
 from tests.test_e2e_multihost import _assert_all_preempted_at_same_step
 from tests.test_e2e_multihost import _launch
 from tests.test_e2e_multihost import _wait_event
@@ -25,22 +24,9 @@ def _assert_interrupted_at_one_step(job_dir, num_hosts, restored) -> int:
   return _assert_all_preempted_at_same_step(job_dir, num_hosts, restored, code=130, signal_name='SIGINT')
 
 
-def test_one_host_ctrl_c_saves_exits_130_and_the_next_run_restores(jobs, job_dir, tmp_path):
-  job = process.Job(process.ours_argv(process.TINY_EXP, job_dir), str(tmp_path / 'run1.log'))
-  jobs.append(job)
-  job.wait_for_log(STEP_DONE)
-  time.sleep(1.0)
-  job.send(signal.SIGINT)
-  assert job.wait(120) == 130, job.log()[-3000:]
-  step = _assert_interrupted_at_one_step(job_dir, 1, restored=None)
-  assert step % 500 != 0  # off Pax's interval: the Ctrl-C save, not an interval one
-  assert job.log().count(CTRL_C_LINE) == 1 and 'KeyboardInterrupt' not in job.log()
-
-  again = process.Job(process.ours_argv(process.TINY_EXP, job_dir), str(tmp_path / 'run2.log'))
-  jobs.append(again)
-  again.wait_for_log(STEP_DONE)
-  again.kill()
-  assert [e for e in events_lib.read(job_dir) if e['event'] == 'start'][-1]['restored_step'] == step
+# One host: Ctrl-C saves, exits 130 with one line, and the next run restores that step is part of
+# tests/test_e2e_exact_resume.py (which also checks that the resumed job ends identical to an
+# uninterrupted one).
 
 
 def test_ctrl_c_on_one_host_or_through_the_launcher_stops_every_host_at_one_step(jobs, job_dir, tmp_path):

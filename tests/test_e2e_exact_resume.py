@@ -117,6 +117,7 @@ def test_stopped_four_ways_and_resumed_ends_identical_to_an_uninterrupted_run(jo
     run = chain.start('run5', '--autockpt_notices=off')
     assert run.wait(300) == 0, run.log()[-3000:]
     chain.restored(resume_from)
+    assert '[autockpt] notices: off.' in run.log()
     assert uninterrupted.wait(300) == 0, uninterrupted.log()[-3000:]
 
   committed, incomplete = checkpoint_steps(chain.job_dir)

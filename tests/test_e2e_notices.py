@@ -84,26 +84,8 @@ def test_maintenance_notices_save_and_train_on_then_sigterm_exits_143(jobs, job_
   assert_restorable(job_dir, agreed)
 
 
-def test_preempted_then_sigkill_restarts_from_the_notice_step(jobs, job_dir, tmp_path, metadata):
-  """A Spot VM reclaimed with no SIGTERM at all: the notice save is what a restart resumes from (Pax's
-  interval never comes here, so without the notice it would be the first save, step 0)."""
-  job = _one_host(jobs, job_dir, str(tmp_path / 'run1.log'), metadata.host, exp=RARE_SAVES)
-  job.wait_for_log(WATCHING, timeout=300)
-  job.wait_for_log(r'Step `\d+` completed')
-  time.sleep(1.0)
-  sent = time.time()
-  metadata.set('preempted', 'TRUE')
-  notice, _ = _committed_notice(job_dir, job, sent)
-  _trained_past(notice['step'] + 200, job)
-  job.kill()  # SIGKILL: no SIGTERM, no exit event
-  again = _one_host(jobs, job_dir, str(tmp_path / 'run2.log'), metadata.host, '--autockpt_notices=off',
-                    exp=RARE_SAVES)
-  process.wait_until(lambda: len(events_of(job_dir, 'start')) == 2, 'the restart', 300, 0.05, again)
-  interval_saves = [e['step'] for e in events_of(job_dir, 'save_started') if e['reason'] == 'interval']
-  assert interval_saves == [0]
-  assert events_of(job_dir, 'start')[-1]['restored_step'] == notice['step'] > 0
-  assert '[autockpt] notices: off.' in again.log()
-  again.kill()
+# A preemption notice's save, then SIGKILL with no SIGTERM (a Spot VM reclaimed): the restart resumes
+# from the notice step, with notices off — part of tests/test_e2e_exact_resume.py.
 
 
 def test_two_hosts_a_notice_on_host_1_only_is_saved_by_both(jobs, job_dir, tmp_path, metadata):

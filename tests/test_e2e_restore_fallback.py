@@ -8,6 +8,7 @@ one: every kind of damage is exercised with two process starts.
 
 import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 
 from pax_autockpt import layout
 from pax_autockpt.tools import process
+from pax_autockpt.tools import verify
 from tests import damage
 from tests.conftest import checkpoint_steps
 from tests.conftest import events_of
@@ -59,14 +61,17 @@ def _restart(jobs, job_dir, log, *flags) -> int:
   return events_of(job_dir, 'start')[-1]['restored_step']
 
 
-def test_every_kind_of_damage_is_passed_over_kept_aside_and_found_offline(jobs, job_dir, tmp_path):
+def test_every_kind_of_damage_is_passed_over_kept_aside_and_found_offline(jobs, job_dir, tmp_path, capsys):
   steps = _run_and_preempt(jobs, job_dir, str(tmp_path / 'run1.log'), ZARR, '--autockpt_continuous',
                            min_checkpoints=6)
   assert len(steps) >= 5, steps
   flipped, bad_manifest, truncated, missing, whole = steps[-1], steps[-2], steps[-3], steps[-4], steps[-5]
   # A byte flipped in the middle of the largest array, written back as a valid chunk: neither the chunk
   # check nor the restore can tell; the content manifest does, offline and before training.
+  original = shutil.copytree(_step_path(job_dir, flipped), tmp_path / 'original' / f'checkpoint_{flipped:08d}')
   name, shard = damage.flip_a_byte(_step_path(job_dir, flipped))
+  assert verify.run_against(job_dir, str(original), flipped) == 1  # compared with its copy from before the flip
+  assert f'step {flipped}: DIFFERENT: {name} shard [{shard}] differs from' in capsys.readouterr().out
   damage.break_manifest(_step_path(job_dir, bad_manifest))  # the manifest itself: so is its checkpoint
   with open(_a_chunk(job_dir, truncated), 'r+b') as f:  # a torn write: the restore itself fails
     f.truncate(3)
@@ -93,12 +98,15 @@ def test_every_kind_of_damage_is_passed_over_kept_aside_and_found_offline(jobs, 
   assert checkpoint_steps(job_dir)[1] == []
 
 
-def test_ocdbt_a_flipped_byte_and_a_missing_data_file_are_passed_over(jobs, job_dir, tmp_path):
+def test_ocdbt_a_flipped_byte_and_a_missing_data_file_are_passed_over(jobs, job_dir, tmp_path, capsys):
   """OCDBT: no silent zeros there (a missing data file makes the restore fail), but a flipped byte
   rewritten inside the database restores silently unless the manifest catches it."""
   steps = _run_and_preempt(jobs, job_dir, str(tmp_path / 'run1.log'), OCDBT, '--autockpt_continuous',
                            min_checkpoints=4)
   flipped, missing, whole = steps[-1], steps[-2], steps[-3]
+  copy = shutil.copytree(_step_path(job_dir, whole), tmp_path / 'copy' / f'checkpoint_{whole:08d}')
+  assert verify.run_against(job_dir, str(copy), whole) == 0  # OCDBT, byte for byte
+  assert capsys.readouterr().out.startswith(f'step {whole}: identical to {copy} (54 arrays, ')
   name, shard = damage.flip_a_byte(_step_path(job_dir, flipped))
   data = glob.glob(os.path.join(os.fspath(_step_path(job_dir, missing)), 'state', '**', 'd', '*'), recursive=True)
   assert data, 'no OCDBT data files'

@@ -18,7 +18,7 @@ from pax_autockpt.experiment import AutockptMixin
 PREFIX = 'experiments.lm_cloud_autockpt.'
 NAMES = ['LmCloudSpmd2BAutockpt', 'LmCloudSpmd2BMultisliceAutockpt', 'LmCloudSpmd2BMultislice16Autockpt',
          'LmCloudSpmd2BContinuousAutockpt', 'LmCloudSpmdTinyAutockpt',
-         'LmCloudSpmdTinyMultisliceAutockpt', 'LmCloudSpmdTinyContinuousAutockpt']
+         'LmCloudSpmdTinyMultisliceAutockpt', 'LmCloudSpmdTinyContinuousAutockpt', 'LmCloudSpmdTinyTFRecordAutockpt']
 
 
 class ExperimentImportsTest(experiment_imports_test_helper.ExperimentImportsTestHelper):
