@@ -5,7 +5,10 @@ A zarr array chunk missing from storage is not an error for tensorstore: it read
 arrays' `.zarray` metadata promises must be present and non-empty. Truncated chunks and damaged
 metadata make the restore itself raise, which the checkpointer handles. OCDBT storage (one
 key-value database per checkpoint) reads through its manifest: a missing or truncated data file makes
-the restore raise, so only an absent manifest or an empty file is flagged here.
+the restore raise, so only an absent manifest or an empty file is flagged here. The small JSON files
+orbax and Pax read first (`state/_sharding`, `state/_METADATA`, `metadata/metadata`) must parse: a
+committed one that is empty or cut short is named here, with its size, instead of surfacing as a bare
+`JSONDecodeError` from inside the restore.
 """
 
 import itertools
@@ -26,7 +29,9 @@ def problems(step_path: epath.Path, limit: int = 3) -> list[str]:
   if 'state' not in _names(step_path):
     return [f'{state} is missing']
   entries = _names(state)
-  found = _ocdbt_problems(state, entries)[:limit]
+  found = (_json_problems(state, entries, ('_sharding', '_METADATA')) +
+           _json_problems(step_path / 'metadata', _names(step_path / 'metadata'), ('metadata',)) +
+           _ocdbt_problems(state, entries))[:limit]
   for name in sorted(entries):
     meta = state / name / '.zarray'
     if name.startswith(('.', '_', 'ocdbt.process_')) or name in ('d', 'manifest.ocdbt') or not meta.exists():
@@ -43,6 +48,19 @@ def _names(folder: epath.Path) -> dict[str, epath.Path]:
     return {p.name: p for p in folder.iterdir()}
   except FileNotFoundError:
     return {}
+
+
+def _json_problems(folder: epath.Path, entries: dict[str, epath.Path], names: tuple[str, ...]) -> list[str]:
+  """Those of `names` that the listing holds and that do not parse as JSON."""
+  found = []
+  for name in names:
+    if name in entries:
+      text = entries[name].read_bytes()
+      try:
+        json.loads(text)
+      except ValueError as e:
+        found.append(f'{folder.name}/{name} is not JSON ({type(e).__name__}: {str(e)[:60]}, {len(text)} bytes)')
+  return found
 
 
 def _zarr_problems(array: epath.Path, meta: epath.Path, limit: int) -> list[str]:

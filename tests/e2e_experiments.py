@@ -1,5 +1,6 @@
 """Experiments that only end-to-end tests need (registered like any other, given with --exp=tests...)."""
 
+import jax
 from paxml import experiment_registry
 
 from experiments import lm_cloud_autockpt
@@ -48,3 +49,15 @@ class TinyTFRecordRareSaves(lm_cloud_autockpt.LmCloudSpmdTinyTFRecordAutockpt):
 
   NUM_TRAIN_STEPS = 1000
   CHECKPOINT_EVERY_N_STEPS = 1000
+
+
+@experiment_registry.register
+class TinyTFRecordRareSavesTwoHosts(TinyTFRecordRareSaves):
+  """The same over 2 local hosts as 2 data-parallel slices (DCN [2, 1, 1]): each host reads its own
+  shard of the file and saves its own input position (`process_<i>-of-2`)."""
+
+  DCN_MESH_SHAPE = [2, 1, 1]
+
+  @property
+  def ICI_MESH_SHAPE(self):  # pylint: disable=invalid-name
+    return [1, max(1, jax.device_count() // 2), 1]

@@ -8,6 +8,7 @@ position included (`pax-autockpt verify --against`). Before the input's position
 training thread, continuous saves stored positions 4-11 batches ahead of their step.
 """
 
+import contextlib
 import os
 import re
 import signal
@@ -30,6 +31,7 @@ from tests.test_e2e_multihost import _assert_all_preempted_at_same_step
 pytestmark = pytest.mark.e2e
 
 EXP = 'tests.e2e_experiments.TinyTFRecordRareSaves'
+TWO_HOSTS = 'tests.e2e_experiments.TinyTFRecordRareSavesTwoHosts'
 FINAL = 1000
 
 
@@ -130,3 +132,65 @@ def test_stopped_four_ways_and_resumed_ends_identical_to_an_uninterrupted_run(jo
   assert verify.returncode == 0, verify.stdout + verify.stderr
   assert re.fullmatch(rf'step {FINAL}: identical to \S+ \(54 arrays, 54 shards, 1 input states, [\d.]+ s\)\n',
                       verify.stdout)
+
+
+def _verify_against(job_dir, other):
+  out = subprocess.run([sys.executable, '-m', 'pax_autockpt.tools.cli', 'verify', job_dir, '--against', other],
+                       capture_output=True, text=True, check=False)
+  return out.returncode, out.stdout + out.stderr
+
+
+def _positions_are_their_steps(job_dir, num_hosts):
+  committed, incomplete = checkpoint_steps(job_dir)
+  assert incomplete == [] and FINAL in committed
+  for step in committed:
+    for host in range(num_hosts):
+      path = layout.step_dir(layout.checkpoint_dir(job_dir), step) / 'train_input' / f'process_{host}-of-{num_hosts}'
+      assert tfrecord_lm_input.position(path.read_bytes()) == step, (step, host)
+
+
+@pytest.mark.soak
+def test_two_hosts_on_gcs_stopped_and_resumed_end_identical_to_an_uninterrupted_run(jobs, gcs, tmp_path):
+  """`make soak`: 2 hosts (2 data-parallel slices, each its own input shard and position) on the local
+  GCS: SIGKILL of both hosts while a continuous save is in flight, SIGTERM to host 1 only, then to the
+  end; against an uninterrupted 2-host run on the same bucket."""
+  os.environ['AUTOCKPT_TINY_TFRECORD'] = tfrecord_lm_input.write_corpus(str(tmp_path / 'data.tfrecord'))
+  resumed, uninterrupted = gcs.url('exact/resumed'), gcs.url('exact/uninterrupted')
+
+  def launch(name, job_dir, *flags):
+    job = process.Job([sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', '--num_hosts=2', '--',
+                       f'--exp={TWO_HOSTS}', f'--job_log_dir={job_dir}', '--autockpt_notices=off', *flags],
+                      str(tmp_path / f'{name}.log'))
+    jobs.append(job)
+    return job
+
+  reference = launch('uninterrupted', uninterrupted)
+  run = launch('run1', resumed, '--autockpt_continuous')
+  started = process.wait_until(
+      lambda: [e for e in events_lib.read(resumed, 0) if e['event'] == 'save_started' and e['reason'] == 'continuous'
+               and e['step'] >= 100], 'a continuous save past step 100', 600, 0.05, run)
+  for pid in [events_lib.read(resumed, host)[0]['pid'] for host in (0, 1)]:
+    with contextlib.suppress(ProcessLookupError):  # a host's peer dies within 0.2 s of it
+      os.kill(pid, signal.SIGKILL)
+  run.wait(120)
+  del started  # on gs:// events upload in the background: more saves may have committed since
+  resume_from = max(checkpoint_steps(resumed)[0])
+
+  run = launch('run2', resumed)
+  process.wait_until(lambda: any(int(s) > resume_from for s in re.findall(
+      r'\[host 0\].*summary tensor at step=(\d+) ', run.log())), f'training past step {resume_from}', 600, 0.2, run)
+  os.kill([e for e in events_lib.read(resumed, 1) if e['event'] == 'start'][-1]['pid'], signal.SIGTERM)
+  assert run.wait(300) == 143, run.log()[-3000:]
+  preempted = {[e for e in events_lib.read(resumed, h) if e['event'] == 'preemption'][-1]['step'] for h in (0, 1)}
+  assert len(preempted) == 1
+  sigterm_step = preempted.pop()
+
+  run = launch('run3', resumed)
+  assert run.wait(600) == 0, run.log()[-3000:]
+  assert reference.wait(600) == 0, reference.log()[-3000:]
+  for host in (0, 1):
+    starts = [e['restored_step'] for e in events_lib.read(resumed, host) if e['event'] == 'start']
+    assert starts == [None, resume_from, sigterm_step], (host, starts)
+  _positions_are_their_steps(resumed, 2)
+  code, out = _verify_against(resumed, uninterrupted)
+  assert code == 0 and '2 input states' in out, out

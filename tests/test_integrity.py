@@ -66,3 +66,16 @@ def test_only_a_listing_that_succeeded_is_evidence(tmp_path, monkeypatch):
   monkeypatch.setattr(path_type, 'iterdir', refused)
   with pytest.raises(PermissionError):
     integrity.problems(step)
+
+
+def test_a_committed_json_file_that_does_not_parse_is_named_with_its_size(tmp_path):
+  step = tmp_path / 'checkpoint_00000004'
+  (step / 'state').mkdir(parents=True)
+  (step / 'metadata').mkdir()
+  (step / 'state' / '_sharding').write_text('')  # an empty object where orbax wrote JSON
+  (step / 'metadata' / 'metadata').write_text('{"version": 1.1}')
+  assert integrity.problems(epath.Path(step)) == [
+      'state/_sharding is not JSON (JSONDecodeError: Expecting value: line 1 column 1 (char 0), 0 bytes)']
+  (step / 'state' / '_sharding').write_text('{}')
+  (step / 'metadata' / 'metadata').write_text('{"vers')
+  assert integrity.problems(epath.Path(step))[0].startswith('metadata/metadata is not JSON (JSONDecodeError: ')

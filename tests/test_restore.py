@@ -196,8 +196,8 @@ def test_unparseable_metadata_is_damage(job):
   ckpt, fake = _two_checkpoints(job)
   (layout.step_dir(layout.checkpoint_dir(job), 20) / 'metadata' / 'metadata').write_text('{"version": 1.')
   assert ckpt.get_model_states(None, _metadata((4,)), None)[2] == 10 and fake.restored == [10]
-  assert "Damaged: metadata/metadata is not JSON (Expecting ',' delimiter: line 1 column 14 (char 13), 14 bytes)" in (
-      fakes.events(job, 'restore_skipped')[0]['error'])
+  assert "metadata/metadata is not JSON (JSONDecodeError: Expecting ',' delimiter: line 1 column 14 (char 13), " \
+      "14 bytes)" in fakes.events(job, 'restore_skipped')[0]['error']
 
 
 # --- verification on any topology -------------------------------------------------------------------
