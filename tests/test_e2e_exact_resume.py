@@ -176,9 +176,12 @@ def test_two_hosts_on_gcs_stopped_and_resumed_end_identical_to_an_uninterrupted_
   del started  # on gs:// events upload in the background: more saves may have committed since
   resume_from = max(checkpoint_steps(resumed)[0])
 
+  host_log = os.fspath(layout.host_log_path(resumed, 0))  # the launcher shows only [autockpt] lines
+  since = os.path.getsize(host_log)  # host logs are appended to: this launch's part only
   run = launch('run2', resumed)
   process.wait_until(lambda: any(int(s) > resume_from for s in re.findall(
-      r'\[host 0\].*summary tensor at step=(\d+) ', run.log())), f'training past step {resume_from}', 600, 0.2, run)
+      r'summary tensor at step=(\d+) ', process.text_of(host_log, since))), f'training past step {resume_from}',
+                     600, 0.2, run)
   os.kill([e for e in events_lib.read(resumed, 1) if e['event'] == 'start'][-1]['pid'], signal.SIGTERM)
   assert run.wait(300) == 143, run.log()[-3000:]
   preempted = {[e for e in events_lib.read(resumed, h) if e['event'] == 'preemption'][-1]['step'] for h in (0, 1)}
