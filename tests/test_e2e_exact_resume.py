@@ -35,8 +35,8 @@ TWO_HOSTS = 'tests.e2e_experiments.TinyTFRecordRareSavesTwoHosts'
 FINAL = 1000
 
 
-def _run_events(job_dir):
-  evs = events_lib.read(job_dir)
+def _run_events(job_dir, host=0):
+  evs = events_lib.read(job_dir, host)
   return evs[max(i for i, e in enumerate(evs) if e['event'] == 'start'):]
 
 
@@ -149,6 +149,15 @@ def _positions_are_their_steps(job_dir, num_hosts):
       assert tfrecord_lm_input.position(path.read_bytes()) == step, (step, host)
 
 
+def _finished_run(job_dir, host, kind):
+  """The events of one kind of a run that has exited, read until its `exit` event shows (on gs:// this
+  process's TF client may return an event part's earlier content for a while; bounded: 30 s)."""
+  def find():
+    run = _run_events(job_dir, host)
+    return [e for e in run if e['event'] == kind] if any(e['event'] == 'exit' for e in run) else None
+  return process.wait_until(find, f'the exit event of host {host}', 30, 1.0)
+
+
 @pytest.mark.soak
 def test_two_hosts_on_gcs_stopped_and_resumed_end_identical_to_an_uninterrupted_run(jobs, gcs, tmp_path):
   """`make soak`: 2 hosts (2 data-parallel slices, each its own input shard and position) on the local
@@ -184,7 +193,7 @@ def test_two_hosts_on_gcs_stopped_and_resumed_end_identical_to_an_uninterrupted_
                      600, 0.2, run)
   os.kill([e for e in events_lib.read(resumed, 1) if e['event'] == 'start'][-1]['pid'], signal.SIGTERM)
   assert run.wait(300) == 143, run.log()[-3000:]
-  preempted = {[e for e in events_lib.read(resumed, h) if e['event'] == 'preemption'][-1]['step'] for h in (0, 1)}
+  preempted = {_finished_run(resumed, h, 'preemption')[-1]['step'] for h in (0, 1)}
   assert len(preempted) == 1
   sigterm_step = preempted.pop()
 
@@ -192,6 +201,7 @@ def test_two_hosts_on_gcs_stopped_and_resumed_end_identical_to_an_uninterrupted_
   assert run.wait(600) == 0, run.log()[-3000:]
   assert reference.wait(600) == 0, reference.log()[-3000:]
   for host in (0, 1):
+    _finished_run(resumed, host, 'exit')
     starts = [e['restored_step'] for e in events_lib.read(resumed, host) if e['event'] == 'start']
     assert starts == [None, resume_from, sigterm_step], (host, starts)
   _positions_are_their_steps(resumed, 2)
