@@ -154,6 +154,7 @@ class BackgroundSaves:
     self._thread: threading.Thread | None = None
     self._before_commit = before_commit
     self.last_save = False  # set by the checkpointer for a save after which no step runs: no copy
+    self.captured_bytes = 0  # the array bytes this host writes in the newest captured save
     if before_commit is not None:
       internals.write_before_commit(orbax_manager, self._write_before_commit)
     internals.use_coordination_service_for_orbax_sync()
@@ -171,8 +172,10 @@ class BackgroundSaves:
       raise NotImplementedError('orbax save with args= or metrics= (paxml 1.4.0 passes neither)')
     self.wait()
     _register_with_orbax()
-    self._pending = (step, dict(items=snapshot(items, copy=not self.last_save), save_kwargs=save_kwargs,
-                                force=force))
+    items = snapshot(items, copy=not self.last_save)
+    self.captured_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(items.get('state'))
+                              if isinstance(x, HostArray))
+    self._pending = (step, dict(items=items, save_kwargs=save_kwargs, force=force))
     return True
 
   def launch(self, started: Started, done: Done) -> int | None:

@@ -84,6 +84,7 @@ class AutockptCheckpointer:
     self._unrestorable = set(layout.marked_unrestorable_steps(self.checkpoint_dir))
     self._free_tries = itertools.count()  # a fresh agreement key for each try at freeing a name
     self.last_step: int | None = inner.step_to_restore
+    self.committed_this_run: list[int] = []
     self._restorer = restore_lib.Restorer(inner, events=events, checksums=settings.checksums,
                                           retry_secs=settings.restore_retry_secs,
                                           set_aside=self._forget_unrestorable,
@@ -227,10 +228,11 @@ class AutockptCheckpointer:
                     'is %s.', reason, step, failures.one_line(e), self.newest_committed())
       self._forget(step)
       return
-    blocking = time.time() - start
+    blocking, nbytes = time.time() - start, self._background.captured_bytes
     self._background.launch(
         started=lambda s: self._started(s, reason, start, blocking, start - before),
-        done=lambda s, error: self._done(s, start, error, dict(reason=reason, blocking=blocking, metrics=metrics)))
+        done=lambda s, error: self._done(s, start, error, dict(reason=reason, blocking=blocking, metrics=metrics,
+                                                                 nbytes=nbytes)))
 
   def _started(self, step: int, reason: str, start: float, blocking: float, waited: float) -> None:
     """In the background thread, first: the event and scalar that say a save began (with the adaptive
@@ -276,11 +278,14 @@ class AutockptCheckpointer:
       raise OSError(error)
     self._unrestorable.discard(step)
 
-  def _committed(self, step: int, start: float, reason: str, blocking: float, metrics: Any) -> None:
+  def _committed(self, step: int, start: float, reason: str, blocking: float, metrics: Any, nbytes: int) -> None:
     duration = time.time() - start
     values = self._read_metrics(step, metrics)
-    self._events.write('save_committed', step=step, duration_s=round(duration, 6),
+    self._events.write('save_committed', step=step, duration_s=round(duration, 6), bytes=nbytes,
                        **({'metrics': values} if values else {}), **({'manifest': True} if self._checksums else {}))
+    self.committed_this_run.append(step)
+    logging.info('[autockpt] %s save of step %d committed in %.2f s (%.1f MB written by this host).', reason, step,
+                 duration, nbytes / 1e6)
     self._summaries.committed(step, duration)
     self._costs.add(reason, blocking, duration)
     if self._events.host == 0:

@@ -36,8 +36,10 @@ class AutockptExecutor(executors.DefaultExecutor):
         checkpointer, settings=self._settings, events=self._events,
         exit_after_ondemand_checkpoint=exit_after_ondemand_checkpoint,
         enable_summaries=kwargs.get('enable_summary_writer', True), metrics=step_metrics)
-    logging.info('[autockpt] host %d/%d, restoring step %s, settings: %s', jax.process_index(),
-                 jax.process_count(), checkpointer.step_to_restore, settings_lib.describe(self._settings))
+    step = checkpointer.step_to_restore
+    logging.info('[autockpt] host %d/%d, %s, settings: %s', jax.process_index(), jax.process_count(),
+                 'no checkpoint: starting fresh' if step is None else f'restoring step {step}',
+                 settings_lib.describe(self._settings))
     warn_if_cpu_compilation_cache()
     try:
       super().setup(jax_task, job_log_dir, wrapped, *args,
@@ -56,8 +58,10 @@ class AutockptExecutor(executors.DefaultExecutor):
       super().start()
     except outcomes.Preempted as stop:
       code = signals.INTERRUPT_EXIT_CODE if stop.signal == 'SIGINT' else self._settings.exit_code
+      self._summary(code)
       self._exit(code, stop.step, f'{stop} ({stop.signal}); exiting {code}.')
     except outcomes.SaveFailed as stop:
+      self._summary(1)
       self._exit(1, stop.step, f'{stop}; exiting 1.', error=True)
     except Exception as e:  # pylint: disable=broad-except
       if not _out_of_space(e):
@@ -68,14 +72,30 @@ class AutockptExecutor(executors.DefaultExecutor):
                  f'training stopped at step {self._checkpointer.last_step}, the disk is full '
                  f'({failures.one_line(e)}); the newest committed checkpoint is '
                  f'{self._checkpointer.newest_committed()}; exiting 1.', error=True)
+    self._summary(0)
     self._events.write('exit', code=0, step=self._checkpointer.last_step)
     self._events.flush()
+
+  def _summary(self, code: int) -> None:
+    """One line that tells this run's story: what it trained and saved, and what a rerun does."""
+    ckpt = self._checkpointer
+    first, last, saved = ckpt.step_to_restore or 0, ckpt.last_step, ckpt.committed_this_run
+    newest = ckpt.newest_committed()
+    rerun = '' if newest is None or code == 0 else f'; rerunning the same command resumes from step {newest}'
+    logging.info('[autockpt] run summary: trained steps %s to %s, %d checkpoint(s) committed%s, newest committed '
+                 '%s; exit %d%s.', first, last, len(saved), f' ({_steps(saved)})' if saved else '', newest, code,
+                 rerun)
 
   def _exit(self, code: int, step: int | None, message: str, error: bool = False) -> None:
     (logging.error if error else logging.info)('[autockpt] %s', message)
     self._events.write('exit', code=code, step=step)
     self._events.flush()
     sys.exit(code)
+
+
+def _steps(steps: list[int], most: int = 6) -> str:
+  shown = ', '.join(map(str, steps[-most:]))
+  return shown if len(steps) <= most else f'..., {shown}'
 
 
 def warn_if_cpu_compilation_cache() -> None:

@@ -36,6 +36,8 @@ def process_group_mesh(ici_mesh_shape: Sequence[int], dcn_mesh_shape: Sequence[i
 @functools.wraps(_original)
 def _hybrid_mesh(mesh_shape, dcn_mesh_shape, devices=None, **kwargs):
   if devices is not None and not hasattr(devices[0], 'slice_index'):
+    logging.info('[autockpt] multislice mesh %s x %s: slices are process groups (devices have no slice_index)',
+                 list(mesh_shape), list(dcn_mesh_shape))
     return process_group_mesh(mesh_shape, dcn_mesh_shape, devices)
   return _original(mesh_shape, dcn_mesh_shape, devices=devices, **kwargs)
 
@@ -44,4 +46,3 @@ def use_process_group_slices() -> None:
   """Makes praxis' multislice mesh fall back to process groups when devices have no slice_index."""
   if mesh_utils.create_hybrid_device_mesh is not _hybrid_mesh:
     mesh_utils.create_hybrid_device_mesh = _hybrid_mesh
-    logging.info('[autockpt] multislice meshes: process groups where devices have no slice_index')

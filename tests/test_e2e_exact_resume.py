@@ -81,6 +81,9 @@ def test_stopped_four_ways_and_resumed_ends_identical_to_an_uninterrupted_run(jo
         run)
     run.kill()
     killed_mid_save = started[0]['step']
+    assert 'host 0/1, no checkpoint: starting fresh' in run.log()
+    assert re.search(r'\[autockpt\] continuous save of step \d+ committed in [\d.]+ s \([\d.]+ MB written by this '
+                     r'host\)', run.log())
     resume_from = max(checkpoint_steps(chain.job_dir)[0])  # killed_mid_save, if it committed in time
     assert resume_from <= killed_mid_save
 
@@ -90,7 +93,11 @@ def test_stopped_four_ways_and_resumed_ends_identical_to_an_uninterrupted_run(jo
     run.send(signal.SIGTERM)
     assert run.wait(120) == 143, run.log()[-3000:]
     chain.restored(resume_from)
+    first = resume_from
     resume_from = _assert_all_preempted_at_same_step(chain.job_dir, 1, resume_from, signal_name='SIGTERM')
+    assert (f'[autockpt] run summary: trained steps {first} to {resume_from}, 1 checkpoint(s) committed '
+            f'({resume_from}), newest committed {resume_from}; exit 143; rerunning the same command resumes from '
+            f'step {resume_from}.') in run.log()
 
     # 3. Ctrl-C: saved, exit 130, one line.
     run = chain.start('run3', '--autockpt_notices=off')
@@ -120,6 +127,8 @@ def test_stopped_four_ways_and_resumed_ends_identical_to_an_uninterrupted_run(jo
     assert run.wait(300) == 0, run.log()[-3000:]
     chain.restored(resume_from)
     assert '[autockpt] notices: off.' in run.log()
+    assert re.search(rf'\[autockpt\] run summary: trained steps {resume_from} to {FINAL}, 1 checkpoint\(s\) '
+                     rf'committed \({FINAL}\), newest committed {FINAL}; exit 0\.', run.log())
     assert uninterrupted.wait(300) == 0, uninterrupted.log()[-3000:]
 
   committed, incomplete = checkpoint_steps(chain.job_dir)

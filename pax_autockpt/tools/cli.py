@@ -1,4 +1,4 @@
-"""The `pax-autockpt` command: launch, report, verify, demo."""
+"""The `pax-autockpt` command: launch, status, report, verify, demo."""
 
 import argparse
 import sys
@@ -21,6 +21,9 @@ def _parser() -> argparse.ArgumentParser:
                       help='once a host failed, SIGKILL the others after this many seconds')
   launch.add_argument('args', nargs=argparse.REMAINDER,
                       help='-- then the pax_autockpt.main flags (--exp, --job_log_dir, ...)')
+
+  status = sub.add_parser('status', help='the newest committed checkpoint and how the last run ended, in two lines')
+  status.add_argument('job_log_dir')
 
   report = sub.add_parser('report', help='checkpoint timeline and figures of a job')
   report.add_argument('job_log_dir')
@@ -53,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     except launcher.LaunchError as e:
       print(f'error: {e}', file=sys.stderr)
       return 2
+  if args.command == 'status':
+    from pax_autockpt.tools import status  # pylint: disable=g-import-not-at-top
+    return status.run(args.job_log_dir)
   if args.command == 'report':
     from pax_autockpt.tools import report  # pylint: disable=g-import-not-at-top  (matplotlib)
     return report.run(args.job_log_dir, mtbf_hours=args.mtbf_hours, plot_path=args.plot,

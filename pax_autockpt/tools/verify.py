@@ -76,8 +76,11 @@ def _region(array, key: str | None) -> np.ndarray:
 
 
 def _inputs(step_path: epath.Path) -> dict[str, bytes]:
+  """Pax's per-process input states (`process_<i>-of-<N>`; on gs:// the folder also holds orbax's
+  `commit_success.txt`, which holds the time of the commit)."""
   folder = step_path / 'train_input'
-  return {p.name: p.read_bytes() for p in folder.iterdir()} if folder.is_dir() else {}
+  return {p.name: p.read_bytes() for p in folder.iterdir() if p.name.startswith('process_')} \
+      if folder.is_dir() else {}
 
 
 def compare_checkpoints(path: epath.Path, other: epath.Path) -> tuple[str, bool]:
