@@ -139,6 +139,16 @@ def test_preempted_run_and_restart(tmp_path):
   assert 'preemptions: 1 at step 1234 (SIGTERM -> exit 0.50 s)' in text
   assert 'steps lost: 0 total, max 0' in text
   assert 'restarts: 1 (restored steps: none, 1234)' in text
+  assert 'hosts: 1, started 2 times' in text  # not 'hosts: 1, 1 declared (starts per host 0:2)'
+  assert 'save blocking ms mean/p50/p90/max: ' in text and 'save duration s mean/p50/p90/max: ' in text
+
+
+def test_blocking_under_a_second_reads_in_ms_and_hosts_in_words(tmp_path):
+  from pax_autockpt.tools.report import model  # pylint: disable=g-import-not-at-top
+  from pax_autockpt.tools.report import text  # pylint: disable=g-import-not-at-top
+  stats = {'all': model.Stats(n=3, mean=0.0034, p50=0.0031, p90=0.005, max=0.0092)}
+  assert text._stats_line('save blocking', stats) == (  # pylint: disable=protected-access
+      'save blocking ms mean/p50/p90/max: all 3.4/3.1/5.0/9.2')
 
 
 def test_sigkilled_run_is_a_lower_bound(tmp_path):

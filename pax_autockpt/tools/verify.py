@@ -110,6 +110,9 @@ def compare_checkpoints(path: epath.Path, other: epath.Path) -> tuple[str, bool]
 def run_against(job_log_dir: str, other: str, step: int | None = None) -> int:
   """Compares step `step` (default: the newest committed) with OTHER's same step, or OTHER itself."""
   ckpt_dir = layout.checkpoint_dir(job_log_dir)
+  if not epath.Path(job_log_dir).exists():
+    print(f'verify: error: {job_log_dir} does not exist', file=sys.stderr)
+    return 2
   steps = layout.committed_steps(ckpt_dir)
   step = steps[-1] if step is None and steps else step
   if step not in steps:
@@ -130,6 +133,9 @@ def run_against(job_log_dir: str, other: str, step: int | None = None) -> int:
 
 def run(job_log_dir: str, step: int | None = None) -> int:
   ckpt_dir = layout.checkpoint_dir(job_log_dir)
+  if not epath.Path(job_log_dir).exists():
+    print(f'verify: error: {job_log_dir} does not exist', file=sys.stderr)
+    return 2
   steps = layout.committed_steps(ckpt_dir)
   if step is not None:
     if step not in steps:

@@ -40,9 +40,9 @@ def _plot_runs(ax, r: model.Report, label: _Legend) -> None:
     style = _HOST_STYLES[r.hosts.index(run.host) % len(_HOST_STYLES)] if multi_host else '-'
     xs = [t - r.t0 for t, _ in run.points]
     ys = [s for _, s in run.points]
-    restored = 'none' if run.restored_step is None else run.restored_step
+    restored = 'fresh' if run.restored_step is None else f'from step {run.restored_step}'
     ax.plot(xs, ys, color=colour, linestyle=style, linewidth=1.5, alpha=0.8,
-            label=label(f'run {run.index} (restored {restored})'))
+            label=label(f'run {run.index} ({restored})'))
     if not run.exited:
       ax.scatter([xs[-1]], [ys[-1]], marker='x', color='grey', s=60, zorder=4,
                  label=label('run ended without exit (killed)'))
