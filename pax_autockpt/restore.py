@@ -130,10 +130,9 @@ def input_hosts_problem(step_path: epath.Path, *, host: int, hosts: int) -> str 
   inputs = step_path / 'train_input'
   if not inputs.is_dir() or (inputs / f'process_{host}-of-{hosts}').exists():
     return None
-  written = sorted(p.name for p in inputs.iterdir())
-  return (f'its input state was written by {written[0].rsplit("-of-", 1)[-1] if written else "no"} hosts '
-          f'({", ".join(written[:2])}), this run has {hosts} (--autockpt_input_on_host_change=restart '
-          'restores the weights and starts the input over)')
+  written = sorted(p.name for p in inputs.iterdir() if p.name.startswith('process_'))
+  return (f'its input state was written by {written[0].rsplit("-of-", 1)[-1] if written else "no"} hosts, this '
+          f'run has {hosts} (--autockpt_input_on_host_change=restart restores the weights and starts the input over)')
 
 
 # --- the restore -----------------------------------------------------------------------------------

@@ -216,3 +216,21 @@ def test_two_hosts_on_gcs_stopped_and_resumed_end_identical_to_an_uninterrupted_
   _positions_are_their_steps(resumed, 2)
   code, out = _verify_against(resumed, uninterrupted)
   assert code == 0 and '2 input states' in out, out
+
+  # The same job restarted on 1 host: its input state was written by 2. By default exit 2 in one line,
+  # nothing moved; with --autockpt_input_on_host_change=restart the weights restore, the input starts over.
+  before = checkpoint_steps(resumed)
+  one = process.Job(process.ours_argv(EXP, resumed, '--autockpt_notices=off'), str(tmp_path / 'one_host.log'))
+  jobs.append(one)
+  assert one.wait(300) == 2, one.log()[-3000:]
+  assert re.search(rf'checkpoint {FINAL} does not fit this run: its input state was written by 2 hosts, this run '
+                   r'has 1 \(--autockpt_input_on_host_change=restart restores the weights and starts the input '
+                   r'over\); nothing was moved: .*; exiting 2\.', one.log())
+  assert checkpoint_steps(resumed) == before
+  restart = process.ours_argv(EXP, resumed, '--autockpt_notices=off', '--autockpt_input_on_host_change=restart')
+  one = process.Job(restart, str(tmp_path / 'one_host_restart.log'))
+  jobs.append(one)
+  assert one.wait(300) == 0, one.log()[-3000:]
+  restarted, = _finished_run(resumed, 0, 'input_restarted')
+  assert restarted['step'] == FINAL and 'written by 2 hosts, this run has 1' in restarted['reason']
+  assert 'starting the input over' in one.log() and checkpoint_steps(resumed) == before

@@ -167,7 +167,7 @@ def test_fit_input_state_written_by_another_number_of_hosts(tmp_path):
   assert _fit(path, _metadata((4,)), input_state=True, host=1, hosts=2) is None
   assert _fit(path, _metadata((4,)), input_state=False, hosts=1) is None  # this run reads no input state
   assert _fit(path, _metadata((4,)), input_state=True, hosts=1) == (
-      'its input state was written by 2 hosts (process_0-of-2, process_1-of-2), this run has 1 '
+      'its input state was written by 2 hosts, this run has 1 '
       '(--autockpt_input_on_host_change=restart restores the weights and starts the input over)')
 
 
