@@ -45,20 +45,26 @@ def _seconds_at_least_0(v):
   return None if _number(v) and v >= 0 else 'use a number of seconds >= 0'
 
 
-def _optional_count(v):
-  return None if v is None or (_integer(v) and v >= 1) else 'use an integer N >= 1, or None to keep what Pax keeps'
+def _optional(ok: Callable[[Any], bool], fix: str) -> Rule:
+  """A rule for a setting that None leaves unset. `fix` says `{unset}` where the other choice goes: a flag
+  cannot be None, so `fix_for` writes "None" for an attribute and "leave the flag out" for a flag."""
+  def rule(v):
+    return None if v is None or ok(v) else fix
+  return rule
 
 
-def _optional_seconds(v):
-  return None if v is None or (_number(v) and v > 0) else 'use a number of seconds > 0, or None'
+_optional_count = _optional(lambda v: _integer(v) and v >= 1,
+                            'use an integer N >= 1, or {unset} to keep what Pax keeps')
+_optional_seconds = _optional(lambda v: _number(v) and v > 0,
+                              'use a number of seconds > 0, or {unset} to keep what Pax keeps')
+_optional_hours = _optional(lambda v: _number(v) and v > 0,
+                            'use a number of hours > 0, or {unset} for no adaptive interval')
 
 
 def _choice(*allowed: str) -> Rule:
   def rule(v):
     return None if v in allowed else 'use one of ' + ', '.join(repr(a) for a in allowed)
   return rule
-def _optional_hours(v):
-  return None if v is None or (_number(v) and v > 0) else 'use a number of hours > 0, or None'
 
 
 def _metric_name(v):
@@ -253,11 +259,18 @@ def validate(s: Settings, origin: dict[str, str]) -> None:
 
 def validate_values(s: Settings, origin: dict[str, str]) -> None:
   """Each value on its own, by its field's rule (what a command line alone can get wrong)."""
-  for name, f in FIELDS.items():
+  for name in FIELDS:
     value = getattr(s, name)
-    fix = f.metadata['rule'](value)
+    fix = fix_for(name, value, origin.get(name, name))
     if fix:
       raise ConfigError(f'{origin.get(name, name)}={_shown(value)} is invalid: {fix}')
+
+
+def fix_for(field: str, value: Any, origin: str) -> str | None:
+  """The rule's fix for `value`, worded for where it came from: a flag's fix must be a value a flag
+  accepts (absl has no None for an integer flag; leaving the flag out is how to get the default)."""
+  fix = FIELDS[field].metadata['rule'](value)
+  return fix and fix.replace('{unset}', 'leave the flag out' if origin.startswith('--') else 'None')
 
 
 def _shown(value: Any, limit: int = 240) -> str:

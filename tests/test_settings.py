@@ -80,6 +80,22 @@ def test_bad_flag_is_named_as_flag(autockpt_flags):
     settings_lib.resolve(Exp())
 
 
+@pytest.mark.parametrize('bad', [-1, 0, 'x', 1.5, 300])
+def test_a_flag_fix_suggests_only_values_a_flag_accepts(bad):
+  """absl cannot set an integer or float flag to None: leaving the flag out is the way to "unset"."""
+  for name in settings_lib.FIELDS:
+    if settings_lib.flag_name(name):
+      fix = settings_lib.fix_for(name, bad, f'--{settings_lib.flag_name(name)}')
+      assert fix is None or ('None' not in fix and '{' not in fix), (name, fix)
+
+
+def test_an_attribute_fix_may_still_suggest_none():
+  assert settings_lib.fix_for('keep_latest', -1, 'Bad.AUTOCKPT_KEEP_LATEST') == (
+      'use an integer N >= 1, or None to keep what Pax keeps')
+  assert settings_lib.fix_for('keep_latest', -1, '--autockpt_keep_latest') == (
+      'use an integer N >= 1, or leave the flag out to keep what Pax keeps')
+
+
 def test_executor_exits_2_with_one_line_on_bad_attribute(capsys):
   bad = type('Bad', (Exp,), {'AUTOCKPT_EXIT_CODE': 1})
   with pytest.raises(SystemExit) as e:
