@@ -1,4 +1,4 @@
-"""Drop-in for paxml/main.py that is preemption-safe by default.
+r"""Drop-in for paxml/main.py that is preemption-safe by default.
 
   python -m pax_autockpt.main --exp=experiments.lm_cloud_autockpt.LmCloudSpmdTinyAutockpt \
       --job_log_dir=/tmp/job
@@ -35,6 +35,9 @@ if __name__ == '__main__':
   except precheck.PrintWiring as e:
     print(e, flush=True)
     sys.exit(0)
+  except precheck.PrintHelp as e:
+    print(f'{__doc__.strip()}\n\n{e}', flush=True)
+    sys.exit(0)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from pax_autockpt import lambda_source
@@ -50,9 +53,12 @@ from absl import flags
 from absl import logging
 from etils import epath
 from fiddle import absl_flags
+from fiddle._src.absl_flags import flags as fdl_flags  # rewrite_fdl_args: what absl_flags.flags_parser applies
 import jax
+from paxml import experiment_registry
 from paxml import main as pax_main
 
+from pax_autockpt import experiment_names
 from pax_autockpt import hosts
 from pax_autockpt import layout
 from pax_autockpt import mesh
@@ -62,8 +68,7 @@ FLAGS = flags.FLAGS
 TENSORSTORE_FIXED = '0.1.59'  # the Makefile installs this one over paxml's pin
 
 settings_lib.define_flags()
-flags.DEFINE_bool('autockpt_print_wiring', False,
-                  'Print the resolved host_idx/num_hosts/server_addr line and exit 0.')
+flags.DEFINE_bool('autockpt_print_wiring', False, precheck.PRINT_WIRING_HELP)
 
 
 def _resolve_wiring() -> hosts.Wiring:
@@ -77,16 +82,52 @@ def _resolve_wiring() -> hosts.Wiring:
 
 
 def _check_experiment() -> None:
-  """Resolves --exp and its autockpt settings now, so that a typo costs no paxml start-up."""
+  """Resolves --exp and its autockpt settings now, so that a typo costs no paxml start-up and a missing
+  --exp leaves no job directory behind (paxml would create it first)."""
+  if FLAGS.exp is None:
+    if FLAGS.fdl is None and not absl_flags.fdl_flags_supplied():
+      _fail(precheck.EXP_REQUIRED)
+    return
   try:
-    experiment = pax_main.get_experiment(FLAGS.exp)()
+    with _RegistrationsUnprinted():
+      experiment = pax_main.get_experiment(FLAGS.exp)()
   except ValueError as e:
-    _fail(f'--exp={FLAGS.exp}: {str(e).splitlines()[0]} Check the module path and class name.')
+    _fail(experiment_names.not_registered(FLAGS.exp, e, experiment_registry.get_all()))
   if hasattr(experiment, 'autockpt_settings'):
     try:
       experiment.autockpt_settings()
     except settings_lib.ConfigError as e:
       _fail(str(e))
+
+
+class _RegistrationsUnprinted:
+  """stderr without paxml's `Registered experiment ...` line per class (27 lines before every start of a
+  registered experiment here, and before its one-line error), while --exp's module is imported; any
+  other output passes."""
+
+  def __init__(self):
+    self._stream, self._line = sys.stderr, ''
+
+  def write(self, text: str) -> int:
+    *lines, self._line = (self._line + text).split('\n')
+    for line in lines:
+      if not line.startswith('Registered experiment `'):
+        self._stream.write(line + '\n')
+    return len(text)
+
+  def flush(self) -> None:
+    self._stream.flush()
+
+  def __getattr__(self, name: str):
+    return getattr(self._stream, name)  # isatty(), fileno(), encoding, ...
+
+  def __enter__(self):
+    sys.stderr = self
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    sys.stderr = self._stream
+    self._stream.write(self._line)
 
 
 def _check_job_log_dir() -> None:
@@ -95,7 +136,7 @@ def _check_job_log_dir() -> None:
   A real attempt, because root passes os.access() on directories it cannot write (e.g. /proc).
   """
   if FLAGS.job_log_dir is None:
-    _fail('--job_log_dir is required: the directory for checkpoints and logs (local or gs://).')
+    _fail(precheck.JOB_REQUIRED)
   path = os.fspath(FLAGS.job_log_dir)
   if layout.is_object_store(path):
     _default_format_for_object_storage()
@@ -137,8 +178,7 @@ def main(argv):
   if FLAGS.autockpt_print_wiring:
     print(wiring.line(), flush=True)
     return 0
-  if FLAGS.exp is not None:
-    _check_experiment()
+  _check_experiment()
   _check_job_log_dir()
   FLAGS.host_idx, FLAGS.num_hosts, FLAGS.server_addr = (
       wiring.host_idx, wiring.num_hosts, wiring.server_addr)
@@ -158,11 +198,22 @@ def main(argv):
   return 0
 
 
+def _parse_flags(argv: list[str]) -> list[str]:
+  """Fiddle's parser, as paxml's main uses, but a flag error is bad input: exit 2, one line (absl: exit 1,
+  a FATAL line and a pointer to --helpfull)."""
+  try:
+    return FLAGS(fdl_flags.rewrite_fdl_args(argv))
+  except flags.UnrecognizedFlagError as e:
+    _fail(precheck.unknown_flag(e.flagname, list(FLAGS)))
+  except (flags.Error, ValueError) as e:
+    _fail(' '.join(str(e).split()))
+
+
 def run() -> None:
   FLAGS.set_default('jax_fully_async_checkpoint', True)
   FLAGS.set_default('exit_after_ondemand_checkpoint', True)
   jax.config.config_with_absl()  # as paxml/main.py: --jax_* flags on the command line
-  app.run(main, flags_parser=absl_flags.flags_parser)
+  app.run(main, flags_parser=_parse_flags)
 
 
 if __name__ == '__main__':

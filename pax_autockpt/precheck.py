@@ -4,32 +4,74 @@ TensorFlow start-up on every host.
 Best effort on purpose: it reads only the `--name=value` / `--name value` forms of the flags it
 checks and gives up on anything else (e.g. --flagfile); pax_autockpt.main repeats every check on
 absl's parsed flags, so nothing depends on this module catching a problem. It raises ConfigError;
-the entry point prints it and exits 2.
+the entry point prints it and exits 2. It also answers --help, which absl could only answer after
+paxml is imported, and without the --autockpt_* flags.
 """
 
+import difflib
 import os
 
+from pax_autockpt import experiment_names
 from pax_autockpt import hosts
 from pax_autockpt import settings as settings_lib
 
+PRINT_WIRING_HELP = 'Print the resolved host_idx/num_hosts/server_addr line and exit 0.'
+EXP_REQUIRED = f'--exp is required: e.g. --exp={experiment_names.EXAMPLE}'
+JOB_REQUIRED = '--job_log_dir is required: the directory for checkpoints and logs (local or gs://)'
+# The flags of pax_autockpt.main that mean something before paxml is imported, for --help.
+MAIN_FLAGS = {
+    '--exp=MODULE.CLASS': f'the registered experiment to train (required), e.g. {experiment_names.EXAMPLE}',
+    '--job_log_dir=DIR': 'checkpoints, logs and the event log, local or gs:// (required)',
+    '--host_idx=INT --num_hosts=INT --server_addr=HOST:PORT': (
+        'host wiring for jax.distributed; derived (one local host, Cloud TPU, multislice, Slurm) when all '
+        'three are left out'),
+    '--[no]autockpt_print_wiring': PRINT_WIRING_HELP,
+}
+
 _SETTING_FLAGS = {settings_lib.flag_name(f): f for f in settings_lib.FIELDS if settings_lib.flag_name(f)}
-_TYPES = {'host_idx': int, 'num_hosts': int, 'server_addr': str, 'job_log_dir': str,
+_TYPES = {'host_idx': int, 'num_hosts': int, 'server_addr': str, 'job_log_dir': str, 'exp': str,
           'autockpt_print_wiring': bool,
           **{flag: settings_lib.flag_type(field) for flag, field in _SETTING_FLAGS.items()}}
 _TRUE = ('', 'true', '1', 't', 'yes')
+_HELP = ('--help', '-help', '--helpshort', '-helpshort', '-h', '-?')
+_ABSL_HELP = ('--helpfull', '-helpfull', '--helpxml', '-helpxml')  # absl's, after paxml defined its flags
 
 
 class PrintWiring(Exception):
   """--autockpt_print_wiring with a wiring that needs no paxml: print this line and exit 0."""
 
 
+class PrintHelp(Exception):
+  """--help: print this text after main's docstring and exit 0."""
+
+
+def usage() -> str:
+  """The flags part of --help: main's own, then every --autockpt_* setting with its default."""
+  lines = ['Flags (--helpfull lists every flag of paxml, jax and absl too, after importing paxml):']
+  for head, meaning in MAIN_FLAGS.items():
+    lines += settings_lib.help_entry(head, meaning)
+  lines += ['', 'Autocheckpoint settings: each also an experiment class attribute AUTOCKPT_<NAME>; a flag given '
+            'wins over it.', *settings_lib.flag_help()]
+  objects = [settings_lib.attribute(f) for f in settings_lib.FIELDS if not settings_lib.flag_name(f)]
+  lines += ['', f'Class attributes only (policy objects): {", ".join(objects)}; see README.md, "Settings".']
+  return '\n'.join(lines)
+
+
+def _args(argv: list[str]) -> list[str]:
+  """The arguments absl reads flags from: up to a `--`."""
+  args = argv[1:]
+  return args[:args.index('--')] if '--' in args else args
+
+
+def _names(argv: list[str]) -> list[str]:
+  return [arg.lstrip('-').partition('=')[0] for arg in _args(argv) if arg.startswith('-')]
+
+
 def given(argv: list[str]) -> dict[str, str] | None:
   """The checked flags as written on the command line; None when it cannot tell for sure."""
-  out, args, i = {}, argv[1:], 0
+  out, args, i = {}, _args(argv), 0
   while i < len(args):
     arg = args[i]
-    if arg == '--':
-      break
     if arg.startswith(('--flagfile', '-flagfile')):
       return None
     name, eq, value = arg.lstrip('-').partition('=')
@@ -47,6 +89,24 @@ def given(argv: list[str]) -> dict[str, str] | None:
   return out
 
 
+def unknown_flag(name: str, known: list[str]) -> str:
+  """The one line for a flag nobody defines, with the closest `known` name (or its --no form)."""
+  close = difflib.get_close_matches(name, known + [f'no{k}' for k in known], n=1, cutoff=0.75)
+  hint = f'did you mean --{close[0]}?' if close else 'python -m pax_autockpt.main --help lists the flags'
+  return f'unknown flag --{name}: {hint}'
+
+
+def _check_flag_names(argv: list[str]) -> None:
+  """An unknown --autockpt_* name is a typo for sure: no paxml, jax or absl flag has that prefix. Other
+  unknown names wait for absl (after paxml defines its hundreds of flags)."""
+  known = [*_SETTING_FLAGS, 'autockpt_print_wiring']
+  for name in _names(argv):
+    base = name[2:] if name.startswith('noautockpt_') else name
+    if base.startswith('autockpt_') and base not in known:
+      raise settings_lib.ConfigError(unknown_flag(name, known + ['exp', 'job_log_dir', 'host_idx', 'num_hosts',
+                                                                 'server_addr']))
+
+
 def _typed(values: dict[str, str]) -> dict[str, object]:
   typed = {}
   for name, value in values.items():
@@ -57,14 +117,36 @@ def _typed(values: dict[str, str]) -> dict[str, object]:
     try:
       typed[name] = kind(value)
     except ValueError:
+      field = _SETTING_FLAGS.get(name)
+      fix = (field and settings_lib.fix_for(field, value, f'--{name}')) or 'fix the value'
       raise settings_lib.ConfigError(
-          f'--{name}={value} is not {"an integer" if kind is int else "a number"}: fix the value') from None
+          f'--{name}={value} is not {"an integer" if kind is int else "a number"}: {fix}') from None
   return typed
 
 
+def _required(name: str, message: str, argv: list[str]) -> settings_lib.ConfigError:
+  """A missing required flag, naming a given flag that looks like its misspelling."""
+  near = difflib.get_close_matches(name, _names(argv), n=1, cutoff=0.8)
+  return settings_lib.ConfigError(f'{message}; --{near[0]} was given: a misspelling?' if near else message)
+
+
+def _check_required(values: dict[str, str], argv: list[str]) -> None:
+  """--exp (or a Fiddle config, paxml's other way in) and --job_log_dir, before anything is created."""
+  if not values.get('exp') and not any(name.startswith('fdl') for name in _names(argv)):
+    raise _required('exp', EXP_REQUIRED, argv)
+  if not values.get('job_log_dir'):
+    raise _required('job_log_dir', JOB_REQUIRED, argv)
+
+
 def run(argv: list[str]) -> None:
-  """Raises ConfigError on a wiring, flag-value or job-directory error, PrintWiring for
+  """Raises PrintHelp for --help; ConfigError on an unknown --autockpt_* flag, a missing required flag, a
+  wiring, flag-value or job-directory error or an --exp whose module does not exist; PrintWiring for
   --autockpt_print_wiring when the answer needs no paxml."""
+  if any(arg in _HELP for arg in _args(argv)):
+    raise PrintHelp(usage())
+  if any(arg in _ABSL_HELP for arg in _args(argv)):
+    return
+  _check_flag_names(argv)
   values = given(argv)
   if values is None:
     return
@@ -78,6 +160,8 @@ def run(argv: list[str]) -> None:
     raise settings_lib.ConfigError(str(e)) from None
   if flag.get('autockpt_print_wiring') and wiring.source != 'local':
     raise PrintWiring(wiring.line())
+  if not flag.get('autockpt_print_wiring'):
+    _check_required(values, argv)
   fields = {field: flag[name] for name, field in _SETTING_FLAGS.items() if name in flag}
   settings_lib.validate_values(settings_lib.Settings(**fields),
                                {field: f'--{name}' for name, field in _SETTING_FLAGS.items()})
@@ -85,3 +169,6 @@ def run(argv: list[str]) -> None:
   if job and '://' not in job and os.path.exists(job) and not os.path.isdir(job):
     raise settings_lib.ConfigError(
         f'--job_log_dir={job} is not writable (it is a file): choose a directory you can write to.')
+  missing = experiment_names.module_missing(values['exp']) if values.get('exp') else None
+  if missing:
+    raise settings_lib.ConfigError(missing)

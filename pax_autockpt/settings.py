@@ -7,6 +7,7 @@ README drifts). A flag given on the command line wins over the attribute.
 """
 
 import dataclasses
+import textwrap
 import types
 from typing import Any, Callable
 
@@ -187,6 +188,24 @@ def markdown_table() -> str:
     flag = f'`--{flag_name(name)}`' if flag_name(name) else f'({replaced} replace it)'
     rows.append(f'| `{attribute(name)}` | {flag} | {f.default!r} | {f.metadata["doc"]} |')
   return '\n'.join(rows)
+
+
+def help_entry(head: str, meaning: str, width: int = 100) -> list[str]:
+  """One flag in `--help`: the flag on its own line, its meaning wrapped below it (absl's layout)."""
+  return [f'  {head}', *textwrap.wrap(meaning, width, initial_indent=' ' * 6, subsequent_indent=' ' * 6)]
+
+
+def flag_help() -> list[str]:
+  """The `--autockpt_*` part of `python -m pax_autockpt.main --help`, from the same fields as the README."""
+  metavar = {int: 'INT', float: 'NUMBER', str: 'TEXT'}
+  lines = []
+  for name, f in FIELDS.items():
+    flag, kind = flag_name(name), flag_type(name)
+    if flag:
+      head = f'--[no]{flag}' if kind is bool else f'--{flag}={metavar[kind]}'
+      default = 'not set' if f.default is None else repr(f.default)
+      lines += help_entry(f'{head}  (default {default})', f.metadata['doc'])
+  return lines
 
 
 def _given_flag(field: str) -> tuple[bool, Any]:
