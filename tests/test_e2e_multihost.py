@@ -157,7 +157,10 @@ def _alive(pid):
     return False
 
 
+@pytest.mark.soak
 def test_four_hosts_in_two_slices_preempted_and_resumed(jobs, job_dir, tmp_path):
+  """`make soak` (8 process starts, ~140 s of the suite on 2 cores; `make test` keeps 2 hosts in 2 slices,
+  and the soak's `--scale 8` runs 8 hosts in 2 slices)."""
   first = _launch(jobs, job_dir, str(tmp_path / 'launch1.log'), 4, '--num_slices=2')
   _wait_training(job_dir, 3, first)
   time.sleep(1.0)
