@@ -17,9 +17,7 @@ from tests.conftest import checkpoint_steps
 from tests.conftest import events_of
 from tests.conftest import tb_scalars
 
-# The group would keep this file's tests on one worker, sharing one preempted run; with pytest 9.2 and
-# pytest-xdist 3.8 (installed here) --dist loadgroup does not honour it, so each worker may make one.
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group('single_host')]
+pytestmark = pytest.mark.e2e
 
 EXP = process.TINY_EXP
 WIDER = 'tests.e2e_experiments.TinyWiderModel'  # EXP with MODEL_DIMS 96: a config slip
@@ -95,7 +93,16 @@ def _copy_of(preempted, tmp_path) -> str:
   return str(tmp_path / 'job')
 
 
-def test_sigterm_mid_training_commits_agreed_step_exits_143_and_resumes(jobs, preempted, tmp_path):
+def test_sigterm_mid_training_then_a_slipped_config_and_the_fixed_rerun(jobs, preempted, tmp_path):
+  """One preempted run (the `preempted` fixture) serves both checks: with pytest 9.2 and pytest-xdist 3.8
+  --dist loadgroup does not keep an xdist_group on one worker, and two tests would make it twice (~32 s)."""
+  for name, check in (('sigterm', _sigterm_mid_training_commits_agreed_step_exits_143_and_resumes),
+                      ('slip', _slipped_config_moves_nothing_and_the_fixed_rerun_resumes)):
+    (tmp_path / name).mkdir()
+    check(jobs, preempted, tmp_path / name)
+
+
+def _sigterm_mid_training_commits_agreed_step_exits_143_and_resumes(jobs, preempted, tmp_path):
   assert preempted.code == 143, preempted.log[-3000:]
   step = _assert_preempted_run(preempted.job_dir, restored=None)
   assert step > 0
@@ -150,7 +157,7 @@ def test_sigterm_before_first_step_exits_143_with_a_restorable_checkpoint(jobs, 
   assert step <= 1
 
 
-def test_a_slipped_config_moves_nothing_and_the_fixed_rerun_resumes_even_if_sigtermed_in_restore(
+def _slipped_config_moves_nothing_and_the_fixed_rerun_resumes(
     jobs, preempted, tmp_path):
   """A restart with MODEL_DIMS 64 -> 96 (a config slip right after a preemption): exit 2 with one line
   naming the checkpoint and the first differing array, every checkpoint where it was. The original

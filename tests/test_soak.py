@@ -1,4 +1,4 @@
-"""The CI version of `make soak`: 2 chaos cycles on one host, then a run to the target step (`make soak` runs
+"""The CI version of `make soak`: 1 chaos cycle on one host, then a run to the target step (`make soak` runs
 30 and 10 cycles, local and gs://; the checks themselves are tested below on made-up events)."""
 
 import pytest
@@ -7,12 +7,12 @@ from pax_autockpt.tools import soak
 
 pytestmark = pytest.mark.e2e
 
-def test_two_chaos_cycles_lose_nothing_they_must_not(tmp_path):
-  tally = soak.run(cycles=2, num_hosts=1, workdir=str(tmp_path), seed=7,
+def test_one_chaos_cycle_then_the_target_loses_nothing_it_must_not(tmp_path):
+  tally = soak.run(cycles=1, num_hosts=1, workdir=str(tmp_path), seed=7,
                    exp='experiments.lm_cloud_autockpt.LmCloudSpmdTinyAutockpt', target_step=2000)
   print(f'[soak] {tally}')
   assert tally.failures == []
-  assert tally.cycles >= 2 and tally.sigterm + tally.sigkill == tally.cycles
+  assert tally.cycles >= 1 and tally.sigterm + tally.sigkill == tally.cycles
   assert tally.final_step == 2000
   assert tally.max_lost <= 500
 
