@@ -11,10 +11,25 @@ README = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'README.md')
 REPORT_PLACEHOLDER = "[... the job's report: `pax-autockpt report` of the demo's job directory ...]"
 
 
+def _code_blocks(text: str) -> list[list[str]]:
+  """The README's fenced code blocks, each as its lines (fences and indentation as written)."""
+  blocks, block = [], None
+  for line in text.splitlines():
+    if line.lstrip().startswith('```'):
+      if block is None:
+        block = []
+      else:
+        blocks.append(block)
+        block = None
+    elif block is not None:
+      block.append(line)
+  return blocks
+
+
 def _readme_sample() -> list[str]:
   with open(README) as f:
-    blocks = re.findall(r'^```\n(.*?)^```$', f.read(), flags=re.M | re.S)
-  samples = [b.splitlines() for b in blocks if b.startswith('pax-autockpt demo summary\n')]
+    blocks = _code_blocks(f.read())
+  samples = [b for b in blocks if b and b[0] == 'pax-autockpt demo summary']
   assert len(samples) == 1, f'README: {len(samples)} code blocks start with "pax-autockpt demo summary"'
   return samples[0]
 
