@@ -1,7 +1,7 @@
-"""LmCloudSpmd experiments with Autocheckpoint, as in the Cloud TPU guide, plus CPU-sized twins.
+"""LmCloudSpmd experiments with Autocheckpoint, as in Cloud TPU's Autocheckpoint guide, plus CPU-sized twins.
 
 Run with `python -m pax_autockpt.main --exp=experiments.lm_cloud_autockpt.<Name> --job_log_dir=DIR`
-or with stock `paxml/main.py` and the guide's flags. The autocheckpoint settings are the
+or with stock `paxml/main.py` and the Autocheckpoint guide's two flags. The autocheckpoint settings are the
 `AUTOCKPT_*` class attributes of `pax_autockpt.experiment.AutockptMixin`; override them in a subclass.
 """
 
@@ -74,7 +74,7 @@ class LmCloudSpmd2BMultislice16Autockpt(LmCloudSpmd2BAutockpt):
 
 @experiment_registry.register
 class LmCloudSpmd2BContinuousAutockpt(LmCloudSpmd2BAutockpt):
-  """Seed 003's MaxText setting on Pax: continuous checkpointing, keep the latest 10."""
+  """MaxText's continuous checkpointing setting on Pax: continuous checkpointing, keep the latest 10."""
 
   AUTOCKPT_CONTINUOUS = True
   AUTOCKPT_KEEP_LATEST = 10

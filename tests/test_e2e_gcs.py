@@ -123,7 +123,7 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
   assert _objects_of(gcs, job_name, step2) == kept and checkpoint_steps(job)[0][-1] == step2
   assert events_of(job, 'restore_failed')[-1]['step'] == step2
 
-  # Run 3, stock paxml/main.py with the seed's flags: restores run 2's step (never the damaged one,
+  # Run 3, stock paxml/main.py with the Autocheckpoint guide's two flags: restores run 2's step (never the damaged one,
   # which survives orbax's start-up clean-up); storage then refuses checkpoint writes and a SIGTERM
   # comes: exit 1 with one line naming the newest committed step, never 143.
   stock = _run(jobs, process.stock_argv(CONTINUOUS, job, '--jax_fully_async_checkpoint',

@@ -308,9 +308,10 @@ def test_user_defined_policy_protocol_and_bad_answer_length():
     P.to_delete(Broken(), CKPTS, context=PCTX, protected=set())
 
 
-# Written against orbax-latest's documented interface, shape for shape (the seed's
-# CustomizedPreservationPolicy and a save decision in the style of orbax's own): only the import of the
-# base classes differs (`from pax_autockpt.policies import ...` for orbax's modules).
+# Written against orbax-latest's documented interface, shape for shape (the CustomizedPreservationPolicy
+# of the Orbax/MaxText continuous checkpointing article and a save decision in the style of orbax's own):
+# only the import of the base classes differs (`from pax_autockpt.policies import ...` for orbax's
+# modules).
 PolicyCheckpointInfo = P.CheckpointInfo
 PreservationContext = P.PreservationContext
 PreservationPolicy = P.PreservationPolicy

@@ -19,6 +19,32 @@ def _events(job_log_dir: str, kind: str) -> list[dict]:
   return [e for e in events_lib.read(job_log_dir) if e['event'] == kind]
 
 
+def _row(label: str, value: str) -> str:
+  return f'  {label:<28} : {value}'
+
+
+def summary_lines(*, on_demand: int | None, sigterm_at_s: float, code1: int, exit_secs: float,
+                  resumed: int | None, code2: int, final: int | None, job_log_dir: str) -> list[str]:
+  """The summary the demo prints before the job's report. The README shows it (`make demo`), and
+  tests/test_demo.py fails when these lines and the README's sample part ways."""
+  return [
+      'pax-autockpt demo summary',
+      _row('steps trained before SIGTERM', f'{on_demand}'),
+      _row('SIGTERM sent at', f'{sigterm_at_s:.1f} s after start'),
+      _row('on-demand checkpoint step', f'{on_demand} (save interval 500, so off-interval)'),
+      _row('run 1 exit code', f'{code1} (143 = committed on-demand checkpoint)'),
+      _row('SIGTERM -> exit', f'{exit_secs:.2f} s (grace period on Cloud TPU: 300 s)'),
+      _row('run 2 resumed from step', f'{resumed}'),
+      _row('run 2 exit code', f'{code2}, trained to step {final}'),
+      _row('report', f'pax-autockpt report {job_log_dir}'),
+  ]
+
+
+def result_line(ok: bool) -> str:
+  """The demo's last line, after the job's report."""
+  return _row('result', 'resumed from the on-demand step' if ok else 'FAILED')
+
+
 def run(workdir: str | None = None, *, train_secs: float = 3.0) -> int:
   """Returns 0 when the resumed run restored the on-demand step and finished."""
   workdir = os.path.abspath(workdir or os.path.join('demo_run', time.strftime('%Y%m%d-%H%M%S')))
@@ -52,21 +78,15 @@ def run(workdir: str | None = None, *, train_secs: float = 3.0) -> int:
   resumed = _events(job_log_dir, 'start')[-1]['restored_step']
   final = _events(job_log_dir, 'exit')[-1]['step']
 
+  ok = code1 == 143 and on_demand is not None and resumed == on_demand and code2 == 0
   print()
-  print('pax-autockpt demo summary')
-  print(f'  steps trained before SIGTERM : {on_demand}')
-  print(f'  SIGTERM sent at              : {sent - first.started:.1f} s after start')
-  print(f'  on-demand checkpoint step    : {on_demand} (save interval 500, so off-interval)')
-  print(f'  run 1 exit code              : {code1} (143 = committed on-demand checkpoint)')
-  print(f'  SIGTERM -> exit              : {exit_secs:.2f} s (grace period on Cloud TPU: 300 s)')
-  print(f'  run 2 resumed from step      : {resumed}')
-  print(f'  run 2 exit code              : {code2}, trained to step {final}')
-  print(f'  report                       : pax-autockpt report {job_log_dir}')
+  print('\n'.join(summary_lines(on_demand=on_demand, sigterm_at_s=sent - first.started, code1=code1,
+                                exit_secs=exit_secs, resumed=resumed, code2=code2, final=final,
+                                job_log_dir=job_log_dir)))
   print()
   from pax_autockpt.tools import report  # pylint: disable=g-import-not-at-top  (matplotlib)
   print(report.format_text(report.load(job_log_dir)))
-  ok = code1 == 143 and on_demand is not None and resumed == on_demand and code2 == 0
-  print('  result                       : ' + ('resumed from the on-demand step' if ok else 'FAILED'))
+  print(result_line(ok))
   return 0 if ok else 1
 
 

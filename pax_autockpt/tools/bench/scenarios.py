@@ -119,7 +119,8 @@ def on_demand(storage: Storage, size: str, pairs: int, fmt: tuple[str, ...] = ()
 
 
 def sigterm_vs_stock(storage: Storage, size: str, pairs: int) -> list[Figure]:
-  """SIGTERM -> exit with the checkpoint committed: ours against stock paxml with the seed's flags."""
+  """SIGTERM -> exit with the checkpoint committed: ours against stock paxml with the
+  Autocheckpoint guide's two flags."""
   mine, theirs, codes = [], [], set()
   for i in range(pairs):
     a = measure.timed_run(storage, ours(f'{size}Autockpt'), f'vs-ours-{size}-{i}', train_secs=3, preempt=True)
