@@ -99,8 +99,14 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
   assert out.returncode == 1 and f'step {step}: DAMAGED: {name} shard [{shard}]' in out.stdout, out
 
   # Run 2: the same command restores the previous committed step, marks the damaged one in place.
-  # (At once: run 2 must not reach the damaged step's number again, or it moves it aside to save there.)
-  _preempt(_run(jobs, argv, str(tmp_path / 'run2.log')))
+  # Run 2 must not save at the damaged step's number, or it moves it aside to save there: continuous
+  # saving off (its next save would be the step after the restored one, which is the damaged step when
+  # run 1 saved two steps in a row: seen once here), and where the damaged step is among the first steps
+  # Pax logs as completed (5), SIGTERM only once the loop is past it.
+  run2 = _run(jobs, [*argv, '--autockpt_continuous=false'], str(tmp_path / 'run2.log'))
+  if step - committed[0] <= 4:
+    run2.wait_for_log(rf'\[PAX STATUS\]: Step `{step}` completed', timeout=300)
+  _preempt(run2)
   assert [e['step'] for e in events_of(job, 'restore_skipped')] == [step]
   assert 'does not match the manifest' in events_of(job, 'restore_skipped')[0]['error']
   assert _last_run(job, 'start')[0]['restored_step'] == committed[0]
