@@ -103,7 +103,8 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
   # saving off (its next save would be the step after the restored one, which is the damaged step when
   # run 1 saved two steps in a row: seen once here), and where the damaged step is among the first steps
   # Pax logs as completed (5), SIGTERM only once the loop is past it.
-  run2 = _run(jobs, [*argv, '--autockpt_continuous=false'], str(tmp_path / 'run2.log'))
+  run2 = _run(jobs, [*argv, '--autockpt_continuous=false', '--autockpt_min_interval_secs=0'],
+              str(tmp_path / 'run2.log'))
   if step - committed[0] <= 4:
     run2.wait_for_log(rf'\[PAX STATUS\]: Step `{step}` completed', timeout=300)
   _preempt(run2)
