@@ -161,10 +161,10 @@ def _positions_are_their_steps(job_dir, num_hosts):
 def _finished_run(job_dir, host, kind):
   """The events of one kind of a run that has exited, read until its `exit` event shows (on gs:// this
   process's TF client may return an event part's earlier content for a while; bounded: 30 s)."""
-  def find():
+  def finished():
     run = _run_events(job_dir, host)
-    return [e for e in run if e['event'] == kind] if any(e['event'] == 'exit' for e in run) else None
-  return process.wait_until(find, f'the exit event of host {host}', 30, 1.0)
+    return run if any(e['event'] == 'exit' for e in run) else None
+  return [e for e in process.wait_until(finished, f'the exit event of host {host}', 30, 1.0) if e['event'] == kind]
 
 
 @pytest.mark.soak
@@ -231,6 +231,8 @@ def test_two_hosts_on_gcs_stopped_and_resumed_end_identical_to_an_uninterrupted_
   one = process.Job(restart, str(tmp_path / 'one_host_restart.log'))
   jobs.append(one)
   assert one.wait(300) == 0, one.log()[-3000:]
-  restarted, = _finished_run(resumed, 0, 'input_restarted')
+  _finished_run(resumed, 0, 'exit')
+  restarted, = [e for e in events_lib.read(resumed, 0) if e['event'] == 'input_restarted']  # during the restore,
+  # so before that run's start event
   assert restarted['step'] == FINAL and 'written by 2 hosts, this run has 1' in restarted['reason']
   assert 'starting the input over' in one.log() and checkpoint_steps(resumed) == before
