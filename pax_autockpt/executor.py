@@ -13,6 +13,7 @@ from pax_autockpt import checkpointer as checkpointer_lib
 from pax_autockpt import events as events_lib
 from pax_autockpt import failures
 from pax_autockpt import internals
+from pax_autockpt import layout
 from pax_autockpt import metrics as metrics_lib
 from pax_autockpt import outcomes
 from pax_autockpt import settings as settings_lib
@@ -82,20 +83,15 @@ class AutockptExecutor(executors.DefaultExecutor):
     first, last, saved = ckpt.step_to_restore or 0, ckpt.last_step, ckpt.committed_this_run
     newest = ckpt.newest_committed()
     rerun = '' if newest is None or code == 0 else f'; rerunning the same command resumes from step {newest}'
+    listed = f' ({layout.newest_steps_text(saved, 6)})' if saved else ''
     logging.info('[autockpt] run summary: trained steps %s to %s, %d checkpoint(s) committed%s, newest committed '
-                 '%s; exit %d%s.', first, last, len(saved), f' ({_steps(saved)})' if saved else '', newest, code,
-                 rerun)
+                 '%s; exit %d%s.', first, last, len(saved), listed, newest, code, rerun)
 
   def _exit(self, code: int, step: int | None, message: str, error: bool = False) -> None:
     (logging.error if error else logging.info)('[autockpt] %s', message)
     self._events.write('exit', code=code, step=step)
     self._events.flush()
     sys.exit(code)
-
-
-def _steps(steps: list[int], most: int = 6) -> str:
-  shown = ', '.join(map(str, steps[-most:]))
-  return shown if len(steps) <= most else f'..., {shown}'
 
 
 def warn_if_cpu_compilation_cache() -> None:

@@ -86,6 +86,12 @@ def newest_committed(ckpt_dir: epath.PathLike) -> int | None:
   return next((s for s, p in _step_dirs(epath.Path(ckpt_dir)) if is_committed(p)), None)
 
 
+def newest_steps_text(steps: list[int], most: int) -> str:
+  """The newest `most` of `steps` (oldest first) for a one-line message, '..., ' before them when cut."""
+  shown = ', '.join(map(str, steps[-most:]))
+  return shown if len(steps) <= most else f'..., {shown}'
+
+
 def leftovers(ckpt_dir: epath.PathLike, step: int) -> list[epath.Path]:
   """What a failed save of `step` left: orbax's temporary directories, or on object storage the
   final name without a commit marker (never a checkpoint marked unrestorable)."""

@@ -121,7 +121,8 @@ def fit_problem(step_path: epath.Path, metadata: Any, *, input_state: bool, host
       differs = array_mismatch(_arrays(saved), expected_arrays(metadata))
       if differs:
         return differs
-  return input_hosts_problem(step_path, host=host, hosts=hosts) if input_state else None
+  why = input_hosts_problem(step_path, host=host, hosts=hosts) if input_state else None
+  return why and f'{why} (--autockpt_input_on_host_change=restart restores the weights and starts the input over)'
 
 
 def input_hosts_problem(step_path: epath.Path, *, host: int, hosts: int) -> str | None:
@@ -132,7 +133,7 @@ def input_hosts_problem(step_path: epath.Path, *, host: int, hosts: int) -> str 
     return None
   written = sorted(p.name for p in inputs.iterdir() if p.name.startswith('process_'))
   return (f'its input state was written by {written[0].rsplit("-of-", 1)[-1] if written else "no"} hosts, this '
-          f'run has {hosts} (--autockpt_input_on_host_change=restart restores the weights and starts the input over)')
+          f'run has {hosts}')
 
 
 # --- the restore -----------------------------------------------------------------------------------
@@ -205,7 +206,6 @@ class Restorer:
       return pipeline  # the check below classifies a listing that fails
     if why is None:
       return pipeline
-    why = why.split(' (--autockpt_', 1)[0]
     logging.warning('[autockpt] checkpoint %d: %s; restoring the weights and starting the input over '
                     '(--autockpt_input_on_host_change=restart): batches already trained on may come again.',
                     step, why)

@@ -65,9 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                       as_json=args.json)
   if args.command == 'verify':
     from pax_autockpt.tools import verify  # pylint: disable=g-import-not-at-top  (tensorstore, orbax)
-    if args.against is not None:
-      return verify.run_against(args.job_log_dir, args.against, args.step)
-    return verify.run(args.job_log_dir, args.step)
+    return verify.run(args.job_log_dir, args.step, args.against)
   from pax_autockpt.tools import demo  # pylint: disable=g-import-not-at-top
   return demo.run(args.workdir)
 

@@ -22,9 +22,8 @@ def checkpoint_line(job_log_dir: str) -> str:
   steps = layout.committed_steps(layout.checkpoint_dir(job_log_dir))
   if not steps:
     return 'newest committed checkpoint: none (the same command starts fresh)'
-  shown = ', '.join(map(str, steps[-5:]))
   return (f'newest committed checkpoint: step {steps[-1]}, which the same command resumes from ({len(steps)} '
-          f'committed: {shown if len(steps) <= 5 else "..., " + shown})')
+          f'committed: {layout.newest_steps_text(steps, 5)})')
 
 
 def run_line(job_log_dir: str) -> str:

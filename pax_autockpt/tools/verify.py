@@ -107,18 +107,29 @@ def compare_checkpoints(path: epath.Path, other: epath.Path) -> tuple[str, bool]
           f'states, {time.time() - start:.2f} s)'), True
 
 
-def run_against(job_log_dir: str, other: str, step: int | None = None) -> int:
-  """Compares step `step` (default: the newest committed) with OTHER's same step, or OTHER itself."""
+def _steps(job_log_dir: str, step: int | None) -> list[int] | None:
+  """`[step]`, or every committed step when None; None (the error said) when there is nothing to check."""
   ckpt_dir = layout.checkpoint_dir(job_log_dir)
   if not epath.Path(job_log_dir).exists():
     print(f'verify: error: {job_log_dir} does not exist', file=sys.stderr)
-    return 2
+    return None
   steps = layout.committed_steps(ckpt_dir)
-  step = steps[-1] if step is None and steps else step
-  if step not in steps:
-    print(f'verify: error: {"step " + str(step) if step is not None else "no step"} is not a committed '
-          f'checkpoint in {ckpt_dir} (committed: {steps or "none"})', file=sys.stderr)
+  if step is not None and step not in steps:
+    print(f'verify: error: step {step} is not a committed checkpoint in {ckpt_dir} (committed: '
+          f'{steps or "none"})', file=sys.stderr)
+    return None
+  if not steps:
+    print(f'verify: error: no committed checkpoint in {ckpt_dir}', file=sys.stderr)
+    return None
+  return steps if step is None else [step]
+
+
+def run_against(job_log_dir: str, other: str, step: int | None = None) -> int:
+  """Compares step `step` (default: the newest committed) with OTHER's same step, or OTHER itself."""
+  steps = _steps(job_log_dir, step)
+  if steps is None:
     return 2
+  step, ckpt_dir = steps[-1], layout.checkpoint_dir(job_log_dir)
   target = epath.Path(other)
   if layout.step_of(target.name) is None:
     target = layout.step_dir(layout.checkpoint_dir(other), step)
@@ -131,22 +142,14 @@ def run_against(job_log_dir: str, other: str, step: int | None = None) -> int:
   return 0 if same else 1
 
 
-def run(job_log_dir: str, step: int | None = None) -> int:
-  ckpt_dir = layout.checkpoint_dir(job_log_dir)
-  if not epath.Path(job_log_dir).exists():
-    print(f'verify: error: {job_log_dir} does not exist', file=sys.stderr)
+def run(job_log_dir: str, step: int | None = None, against: str | None = None) -> int:
+  """Every committed checkpoint (or `step`) against its manifest; with `against`, see run_against."""
+  if against is not None:
+    return run_against(job_log_dir, against, step)
+  steps = _steps(job_log_dir, step)
+  if steps is None:
     return 2
-  steps = layout.committed_steps(ckpt_dir)
-  if step is not None:
-    if step not in steps:
-      print(f'verify: error: step {step} is not a committed checkpoint in {ckpt_dir} (committed: '
-            f'{steps or "none"})', file=sys.stderr)
-      return 2
-    steps = [step]
-  if not steps:
-    print(f'verify: error: no committed checkpoint in {ckpt_dir}', file=sys.stderr)
-    return 2
-  whole = True
+  ckpt_dir, whole = layout.checkpoint_dir(job_log_dir), True
   for s in steps:
     line, ok = check(layout.step_dir(ckpt_dir, s))
     print(line, flush=True)
@@ -160,9 +163,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument('--step', type=int, default=None)
   parser.add_argument('--against', default=None)
   args = parser.parse_args(argv)
-  if args.against is not None:
-    return run_against(args.job_log_dir, args.against, args.step)
-  return run(args.job_log_dir, args.step)
+  return run(args.job_log_dir, args.step, args.against)
 
 
 if __name__ == '__main__':
