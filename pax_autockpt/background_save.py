@@ -18,6 +18,7 @@ batches, and a resumed run would skip them.
 
 import dataclasses
 import threading
+import time
 from typing import Any, Callable
 
 from absl import logging
@@ -152,6 +153,7 @@ class BackgroundSaves:
     self._pending: tuple[int, dict[str, Any]] | None = None
     self._saving: tuple[int, dict[str, Any]] | None = None  # the save the background thread is running
     self._thread: threading.Thread | None = None
+    self._launched: tuple[int, float] | None = None  # (step, start) of the save in flight
     self._before_commit = before_commit
     self.last_save = False  # set by the checkpointer for a save after which no step runs: no copy
     self.captured_bytes = 0  # the array bytes this host writes in the newest captured save
@@ -185,6 +187,7 @@ class BackgroundSaves:
       return None
     step, kwargs = self._pending
     self._pending = None
+    self._launched = (step, time.time())
     self._thread = threading.Thread(target=self._finish, args=(step, kwargs, started, done),
                                     name=f'autockpt-save-{step}', daemon=True)
     self._thread.start()
@@ -213,3 +216,14 @@ class BackgroundSaves:
   @property
   def in_flight(self) -> bool:
     return self._thread is not None and self._thread.is_alive()
+
+  @property
+  def saving_step(self) -> int | None:
+    """The step of the save in flight, or None."""
+    launched = self._launched
+    return launched[0] if launched is not None and self.in_flight else None
+
+  def saving_for(self) -> float:
+    """Seconds since the save in flight was launched (0 with none)."""
+    launched = self._launched
+    return time.time() - launched[1] if launched is not None and self.in_flight else 0.0

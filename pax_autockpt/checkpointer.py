@@ -2,6 +2,9 @@
 the save and preservation policies, and hands the restore to pax_autockpt.restore."""
 
 import itertools
+import os
+import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -16,6 +19,7 @@ from pax_autockpt import background_save
 from pax_autockpt import costs as costs_lib
 from pax_autockpt import events as events_lib
 from pax_autockpt import failures
+from pax_autockpt import grace
 from pax_autockpt import internals
 from pax_autockpt import layout
 from pax_autockpt import manifest as manifest_lib
@@ -26,6 +30,7 @@ from pax_autockpt import policies
 from pax_autockpt import preemption
 from pax_autockpt import restore as restore_lib
 from pax_autockpt import settings as settings_lib
+from pax_autockpt import signals
 from pax_autockpt import summaries as summaries_lib
 
 
@@ -37,8 +42,10 @@ class AutockptCheckpointer:
   agreed step even off the save interval, waits until the save is committed and raises
   `outcomes.Preempted` (or `SaveFailed`) for the executor to exit. Otherwise the save-decision policy
   (Pax's own interval by default) decides, and after each commit the primary host applies the
-  preservation policy. Each committed checkpoint's metrics (`metrics`, fed by the executor) go into its
-  `save_committed` event, where a restarted job finds them again.
+  preservation policy. After a SIGTERM the exit path keeps inside the grace period (pax_autockpt.grace):
+  a signal before the first step exits at once, the agreed step is saved only if a save fits, and a
+  watchdog ends the process before the deadline. Each committed checkpoint's metrics (`metrics`, fed by
+  the executor) go into its `save_committed` event, where a restarted job finds them again.
   """
 
   def __init__(self, inner: Any, *, settings: settings_lib.Settings, events: events_lib.EventLog,
@@ -85,6 +92,12 @@ class AutockptCheckpointer:
     self._free_tries = itertools.count()  # a fresh agreement key for each try at freeing a name
     self.last_step: int | None = inner.step_to_restore
     self.committed_this_run: list[int] = []
+    self._grace_secs = settings.grace_secs
+    self._exit_code = settings.exit_code
+    self._watchdog = grace.Watchdog(self._out_of_time)
+    self._exit_step: int | None = None  # the step whose commit the exit path waits for
+    self._first_iteration = True
+    signals.on_first_signal(self._signal_arrived)
     self._restorer = restore_lib.Restorer(inner, events=events, checksums=settings.checksums,
                                           retry_secs=settings.restore_retry_secs,
                                           set_aside=self._forget_unrestorable,
@@ -145,6 +158,10 @@ class AutockptCheckpointer:
     state = dict(partitioned_train_state=partitioned_train_state,
                  train_state_unpadded_shape_dtype_struct=train_state_unpadded_shape_dtype_struct,
                  train_state_pspecs=train_state_pspecs, train_input_pipeline=train_input_pipeline)
+    if self._first_iteration:
+      self._first_iteration = False
+      if self._exit_after_ondemand and self._preemption.signalled_before_training(step_i):
+        self._exit_before_training(step_i)
     notice = self._notices.due(step_i)
     if self._preemption.check(step_i):
       self._on_preemption(step_i, state)
@@ -203,17 +220,22 @@ class AutockptCheckpointer:
 
   # --- saving ----------------------------------------------------------------------------------
 
-  def _save(self, step: int, reason: str, state: dict[str, Any], last: bool = False) -> None:
+  def _save(self, step: int, reason: str, state: dict[str, Any], last: bool = False,
+            deadline: grace.Deadline | None = None) -> None:
     """Starts a save; the loop waits only for this step's state to be copied to host memory
     (`blocking_s`), everything else runs in the background.
 
     First it waits for the state (with JAX's async dispatch the last step may still be computing: the
-    step's cost, not the save's) and for a save still in flight (an on-demand save can come during one);
-    both are `wait_s`. A `last` save (no step runs after it) saves the state without copying it.
+    step's cost, not the save's) and for a save still in flight (an on-demand save can come during one,
+    waited for no longer than the grace period's `deadline` allows); both are `wait_s`. A `last` save
+    (no step runs after it) saves the state without copying it.
     """
     before = time.time()
     jax.block_until_ready(state['partitioned_train_state'])
-    self._background.wait()  # one save at a time (the policies wait; an on-demand save waits here)
+    if not self._background.wait(_time_left(deadline)):  # one save at a time (an on-demand save waits here)
+      logging.error('[autockpt] %s save of step %d not started: the save in flight did not commit within the '
+                    'grace period.', reason, step)
+      return
     start = time.time()
     with self._lock:
       self._times[step] = start
@@ -290,8 +312,8 @@ class AutockptCheckpointer:
     self._costs.add(reason, blocking, duration)
     if self._events.host == 0:
       self._log_interval_change()
-      if self._preservation is not None:
-        self._preserve()
+      if self._preservation is not None and signals.received() is None and self._preemption.agreed_step is None:
+        self._preserve()  # not after a signal: deletes would only spend the grace period (the next run does them)
 
   def _read_metrics(self, step: int, captured: Any) -> dict[str, float] | None:
     """The saved step's metrics as floats; a failure to read them only costs BestN its ranking."""
@@ -344,12 +366,77 @@ class AutockptCheckpointer:
 
   # --- preemption ------------------------------------------------------------------------------
 
+  def _signal_arrived(self, signum: int, arrival: float) -> None:
+    """A SIGTERM came to this host (any thread): from now on the process ends before the grace period
+    does. A Ctrl-C has no scheduler behind it: no deadline."""
+    if signum == signal.SIGTERM:
+      self._watchdog.arm(grace.Deadline(arrival, self._grace_secs))
+
+  def _deadline(self) -> grace.Deadline | None:
+    """At the agreed step: the grace period's end, from this host's own SIGTERM, else from now (a host the
+    signal did not reach learns of it through XLA's agreement, within about a second); None for Ctrl-C."""
+    if self._preemption.signal_name != signal.SIGTERM.name:
+      return None
+    got = signals.received()
+    if got is not None and got[0] == signal.SIGTERM:
+      deadline = grace.Deadline(got[1], self._grace_secs)
+    else:
+      deadline = grace.Deadline(time.time(), self._grace_secs, seen_here=False)
+    self._watchdog.arm(deadline)
+    return deadline
+
+  def _signal_fields(self, deadline: grace.Deadline | None) -> dict[str, Any]:
+    """For the `preemption` event: when the signal came to this host (None: it did not), and the grace."""
+    got = signals.received()
+    fields = {'signal_at': round(got[1], 6) if got else None}
+    if deadline is not None:
+      fields['grace_s'] = self._grace_secs
+    return fields
+
+  def _exit_before_training(self, step: int) -> None:
+    """A signal during start-up or the restore: nothing trained since the checkpoint just restored (or
+    nothing at all), so nothing to save; every host exits now, before the first step compiles."""
+    deadline = self._deadline()
+    newest = self._exit_step = self.newest_committed()
+    self._events.write('preemption', step=step, signal=self._preemption.signal_name, saved_step=newest,
+                       plan='nothing_to_save', **self._signal_fields(deadline))
+    what = f'since checkpoint {newest}' if newest is not None else 'yet, and no checkpoint'
+    raise outcomes.Preempted(step, f'Nothing trained {what} when the signal came: nothing to save',
+                             signal=self._preemption.signal_name)
+
   def _on_preemption(self, step: int, state: dict[str, Any]) -> None:
-    self._events.write('preemption', step=step, signal=self._preemption.signal_name)
-    logging.info('[autockpt] Preemption: every host agreed on step %d.', step)
-    self._save_unless_committed(step, 'preemption', state, last=self._exit_after_ondemand)
-    if self._exit_after_ondemand:
-      self._exit_once_committed(step)
+    deadline = self._deadline()
+    if not self._exit_after_ondemand:
+      self._events.write('preemption', step=step, signal=self._preemption.signal_name, **self._signal_fields(None))
+      logging.info('[autockpt] Preemption: every host agreed on step %d.', step)
+      self._save_unless_committed(step, 'preemption', state)
+      return
+    exit_plan = self._agreed_exit_plan(step, deadline)
+    saved = exit_plan.kept_step if exit_plan.action == grace.KEEP_IN_FLIGHT else step
+    self._events.write('preemption', step=step, signal=self._preemption.signal_name, saved_step=saved,
+                       plan=exit_plan.action, why=exit_plan.why, **self._signal_fields(deadline))
+    logging.info('[autockpt] Preemption: every host agreed on step %d; %s (%s).', step, _PLAN_WORDS[exit_plan.action],
+                 exit_plan.why)
+    if exit_plan.action == grace.GIVE_UP:
+      raise outcomes.SaveFailed(step, f'No time left to save step {step} ({exit_plan.why}); the newest committed '
+                                f'checkpoint is {self.newest_committed()}')
+    if exit_plan.action == grace.SAVE:
+      self._save_unless_committed(step, 'preemption', state, last=True, deadline=deadline)
+    self._exit_once_committed(saved, deadline, agreed=step)
+
+  def _agreed_exit_plan(self, step: int, deadline: grace.Deadline | None) -> grace.ExitPlan:
+    """The primary host's plan, on every host (their saves in flight are of the same step)."""
+    mine = None
+    if self._events.host == 0:
+      latest = self._latest_step()
+      if deadline is None or not self._saving or (latest is not None and latest >= step):
+        mine = grace.ExitPlan(grace.SAVE, 'no grace period' if deadline is None else 'nothing new to save').encode()
+      else:
+        mine = grace.plan(grace.ExitContext(
+            remaining_s=deadline.remaining(), save_duration_s=self._costs.duration_s,
+            in_flight_step=self._background.saving_step,
+            in_flight_elapsed_s=self._background.saving_for())).encode()
+    return grace.ExitPlan.decode(agreement.first_report(f'autockpt/exit-plan/{step}', self._events.host, mine))
 
   def _on_notice(self, step: int, notice: notices.Notice, state: dict[str, Any]) -> None:
     """A maintenance or preemption notice (any host's): every host saves this step; training goes on
@@ -366,19 +453,59 @@ class AutockptCheckpointer:
     return [e['duration_s'] for e in events_lib.read(self._events.job_log_dir, self._events.host)
             if e['event'] == 'save_committed' and isinstance(e.get('duration_s'), (int, float))]
 
-  def _save_unless_committed(self, step: int, reason: str, state: dict[str, Any], last: bool = False) -> None:
+  def _save_unless_committed(self, step: int, reason: str, state: dict[str, Any], last: bool = False,
+                             deadline: grace.Deadline | None = None) -> None:
     if not self._saving:
       logging.warning('[autockpt] --enable_checkpoint_saving=false: no %s checkpoint written.', reason)
     elif self._latest_step() is not None and self._latest_step() >= step:
       logging.info('[autockpt] Step %d is already saved; nothing new to save.', step)
     else:
-      self._save(step, reason, state, last)
+      self._save(step, reason, state, last, deadline)
 
-  def _exit_once_committed(self, step: int) -> None:
-    """Waits for the step's save, then raises for the executor: Preempted, or SaveFailed."""
-    self._background.wait()
+  def _exit_once_committed(self, step: int, deadline: grace.Deadline | None = None,
+                           agreed: int | None = None) -> None:
+    """Waits for the step's save (no longer than the grace period allows), then raises for the executor:
+    Preempted, or SaveFailed. `agreed` is the step training stopped at, when the save is an earlier one."""
+    self._exit_step = step
+    finished = self._background.wait(_time_left(deadline))
+    agreed = step if agreed is None else agreed
     if self._saving and not layout.is_committed(self._step_dir(step)):
-      raise outcomes.SaveFailed(step, f'On-demand checkpoint of step {step} failed to commit; the newest '
-                                f'committed checkpoint is {self.newest_committed()}')
-    raise outcomes.Preempted(step, f'On-demand checkpoint of step {step} committed',
-                             signal=self._preemption.signal_name)
+      why = 'did not commit within the grace period' if not finished else 'failed to commit'
+      raise outcomes.SaveFailed(agreed, f'On-demand checkpoint of step {step} {why}; the newest committed '
+                                f'checkpoint is {self.newest_committed()}')
+    what = (f'On-demand checkpoint of step {step} committed' if step == agreed else
+            f'Checkpoint of step {step} committed (no time to save step {agreed} as well)')
+    raise outcomes.Preempted(agreed, what, signal=self._preemption.signal_name)
+
+  def _out_of_time(self, deadline: grace.Deadline) -> None:
+    """The watchdog, `grace.WATCHDOG_LEAD_SECS` before the deadline, with the process still alive (a wait
+    or a teardown that hangs): one line and exit now, 143 if the step the exit waited for is committed.
+    The line and the event get half the lead time (storage may be what hangs), then the process ends."""
+    known = [s for s in (*self.committed_this_run, self._inner.step_to_restore) if s is not None]  # no storage call
+    code = self._exit_code if self._exit_step is not None and self._exit_step in known else 1
+    message = (f'[autockpt] The grace period of {deadline.grace_secs:g} s ends in {grace.WATCHDOG_LEAD_SECS:g} s: '
+               f'exiting {code} now; the newest committed checkpoint is {max(known, default=None)}.')
+    print(message, file=sys.stderr, flush=True)
+
+    def record():
+      logging.error(message)
+      if 'exit' not in self._events.kinds_written:  # else the exit was decided already and its teardown hangs
+        self._events.write('exit', code=code, step=self.last_step, grace_expired=True)
+        self._events.flush()
+      logging.flush()
+
+    recorder = threading.Thread(target=record, name='autockpt-grace-exit', daemon=True)
+    recorder.start()
+    recorder.join(grace.WATCHDOG_LEAD_SECS / 2)
+    os._exit(code)  # pylint: disable=protected-access
+
+
+_PLAN_WORDS = {grace.SAVE: 'saving it', grace.KEEP_IN_FLIGHT: 'keeping the save in flight',
+               grace.GIVE_UP: 'no save fits'}
+
+
+def _time_left(deadline: grace.Deadline | None) -> float | None:
+  """How long a wait on the exit path may last: until the margin before the deadline (None: no deadline)."""
+  if deadline is None:
+    return None
+  return max(0.0, deadline.remaining() - grace.MARGIN_SECS)

@@ -100,6 +100,7 @@ class EventLog:
     layout.autockpt_dir(job_log_dir).mkdir(parents=True, exist_ok=True)
     self._lock = threading.Lock()
     self._parts: _Parts | None = None
+    self.kinds_written: set[str] = set()  # by this process (e.g. whether its `exit` is written)
     if layout.is_object_store(job_log_dir):
       self._parts = _Parts(job_log_dir, host)
     self.path = layout.events_path(job_log_dir, host)
@@ -109,6 +110,7 @@ class EventLog:
     record = {'t': time.time() if t is None else t, 'host': self.host, 'event': event, **fields}
     line = json.dumps(record)
     with self._lock:
+      self.kinds_written.add(event)
       if self._parts is not None:
         self._parts.add(line)
         return record

@@ -5,6 +5,7 @@ import signal
 from absl import logging
 from jax._src import distributed
 
+from pax_autockpt import agreement
 from pax_autockpt import signals
 
 # One key per host that got a Ctrl-C: at the agreed step every host reads the directory, so that all of
@@ -75,6 +76,21 @@ class PreemptionWatcher:
         self.agreed_step = step
         self.signal_name = self._agreed_signal()
     return self.agreed_step == step
+
+  def signalled_before_training(self, step: int) -> bool:
+    """At the loop's first iteration, before its step compiles: whether any host got a SIGTERM or Ctrl-C
+    during start-up or the restore, the same answer on every host (a coordination-service barrier, no
+    device collective). XLA's notifier would agree on the iteration after this one, after a compilation
+    and a step that gains nothing over the checkpoint just restored. When True, `step` is the agreed step
+    (and Ctrl-C on any host wins, as at any step)."""
+    got = signals.received()
+    found = agreement.reports('autockpt/signal-before-training', distributed.global_state.process_id or 0,
+                              signals.name(got[0]) if got else None)
+    if not found:
+      return False
+    self.agreed_step = step
+    self.signal_name = signal.SIGINT.name if signal.SIGINT.name in found.values() else signal.SIGTERM.name
+    return True
 
   def is_agreed(self, step: int) -> bool:
     """Pure lookup, for Pax's and orbax's own `reached_preemption` calls."""

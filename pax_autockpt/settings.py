@@ -46,6 +46,10 @@ def _seconds_at_least_0(v):
   return None if _number(v) and v >= 0 else 'use a number of seconds >= 0'
 
 
+def _seconds_above_0(v):
+  return None if _number(v) and v > 0 else 'use a number of seconds > 0'
+
+
 def _optional(ok: Callable[[Any], bool], fix: str) -> Rule:
   """A rule for a setting that None leaves unset. `fix` says `{unset}` where the other choice goes: a flag
   cannot be None, so `fix_for` writes "None" for an attribute and "leave the flag out" for a flag."""
@@ -137,6 +141,9 @@ class Settings:
                                      "the checkpoint's: 'exit' (2, nothing moved) or 'restart' (the weights "
                                      "restore, the input starts over; a warning and an `input_restarted` event)",
                                      rule=_choice('exit', 'restart'))
+  grace_secs: float = option(300.0, "seconds from SIGTERM's arrival to the scheduler's SIGKILL (Cloud TPU 300; "
+                             "Spot VMs ~30; GKE's terminationGracePeriodSeconds; Slurm's --signal=TERM@N): the "
+                             "exit path saves only what fits and always ends before it", rule=_seconds_above_0)
   save_policy: Any = option(None, 'any save-decision policy object, or a `pax_fiddle.Config` of one',
                             rule=_save_policy, flag=False,
                             replaced_by=('continuous', 'min_interval_secs', 'mtbf_hours'))

@@ -10,9 +10,15 @@ and only between bytecodes, so a main thread stuck in C (an XLA compile, a colle
 would sit on both presses. Instead Python's own C-level handler writes every SIGINT to a wakeup pipe
 (`signal.set_wakeup_fd`), and a small thread reading it acts at once. Once XLA owns SIGTERM,
 `hand_over` makes a Ctrl-C publish itself (so that every host exits 130) and then re-raise itself as a
-SIGTERM to this process: XLA's notifier then agrees on a step with every host, as for a preemption.
+SIGTERM to XLA's notifier: it then agrees on a step with every host, as for a preemption.
+
+XLA's notifier (a C-level handler) notices a SIGTERM only when its listener thread next polls, up to a
+second later, and tells no one when it came. The grace period counts from the arrival, so `hand_over` puts
+Python's C-level handler in front of XLA's (read and kept with sigaction): the watcher thread records the
+arrival within milliseconds and then calls XLA's handler itself, once.
 """
 
+import ctypes
 import os
 import signal
 import sys
@@ -24,14 +30,30 @@ INTERRUPT_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports after Ctrl-C
 
 _received: list[tuple[int, float]] = []  # (signum, unix time) of the first preemption signal
 _lock = threading.RLock()  # re-entrant: the SIGTERM handler may run in the main thread while it holds it
-_state = {'interrupts': 0, 'publish': None, 'forwarded': False, 'pipe': None, 'previous': None}
+_state = {'interrupts': 0, 'publish': None, 'forwarded': False, 'pipe': None, 'previous': None, 'xla': None,
+          'xla_notified': False}
+_on_first: list[Callable[[int, float], None]] = []  # called once, with the first signal and its arrival
 
 
 def _record(signum, frame):
   del frame
   with _lock:
-    if not _received:
-      _received.append((signum, time.time()))
+    if _received:
+      return
+    _received.append((signum, time.time()))
+    callbacks = list(_on_first)
+  for callback in callbacks:
+    callback(*_received[0])
+
+
+def on_first_signal(callback: Callable[[int, float], None]) -> None:
+  """`callback(signum, arrival)` once the first SIGTERM or Ctrl-C is recorded (now, if it already is).
+  It runs in whichever thread records the signal: keep it short and never blocking."""
+  with _lock:
+    _on_first.append(callback)
+    got = received()
+  if got:
+    callback(*got)
 
 
 def install() -> None:
@@ -57,8 +79,55 @@ def interrupted() -> bool:
 
 
 def redeliver() -> None:
-  """Sends SIGTERM again, to whoever handles it now (XLA's notifier)."""
-  os.kill(os.getpid(), signal.SIGTERM)
+  """SIGTERM again, to whoever handles it now: XLA's notifier, directly when ours is in front of it."""
+  if _state['xla'] is not None:
+    _notify_xla()
+  else:
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+class _Sigaction(ctypes.Structure):
+  """glibc's struct sigaction on Linux (x86-64 and aarch64 share the layout)."""
+  _fields_ = [('handler', ctypes.c_void_p), ('mask', ctypes.c_ulong * 16), ('flags', ctypes.c_int),
+              ('restorer', ctypes.c_void_p)]
+
+
+def _c_sigterm_handler() -> int | None:
+  """The address of the C-level SIGTERM handler installed now (None where sigaction cannot be read)."""
+  action = _Sigaction()
+  try:
+    if ctypes.CDLL(None).sigaction(signal.SIGTERM, None, ctypes.byref(action)) != 0:
+      return None
+  except (OSError, AttributeError):
+    return None
+  return action.handler or 0
+
+
+def _put_ours_in_front_of_xla() -> bool:
+  """Python's C-level handler (which writes to the watcher's pipe) in front of XLA's, whose address is
+  kept to be called by the watcher. False (nothing changed) without the pipe, outside the main thread,
+  or where the handler in place is Python's own (no XLA notifier: Python records the signal already)."""
+  if _state['pipe'] is None or threading.current_thread() is not threading.main_thread():
+    return False
+  if _state['xla'] is not None:
+    return True
+  before = _c_sigterm_handler()
+  previous = signal.signal(signal.SIGTERM, _python_handler)
+  after = _c_sigterm_handler()
+  if before in (None, 0, 1) or before == after:  # SIG_DFL, SIG_IGN, unreadable, or Python's own
+    signal.signal(signal.SIGTERM, previous)
+    return False
+  _state['xla'] = ctypes.CFUNCTYPE(None, ctypes.c_int)(before)
+  return True
+
+
+def _notify_xla() -> None:
+  """Calls XLA's SIGTERM handler, once (it sets a notification its listener thread polls for)."""
+  with _lock:
+    if _state['xla_notified']:
+      return
+    _state['xla_notified'] = True
+  _state['xla'](signal.SIGTERM)
 
 
 def name(signum: int) -> str:
@@ -135,6 +204,9 @@ def _watch(read_fd: int) -> None:
     for signum in data:
       if signum == signal.SIGINT:
         _on_interrupt()
+      elif signum == signal.SIGTERM and _state['xla'] is not None:  # ours in front of XLA's (else _record has it)
+        _record(signal.SIGTERM, None)  # the arrival, within milliseconds: the grace period counts from it
+        _notify_xla()
 
 
 def _on_interrupt() -> None:
@@ -149,10 +221,12 @@ def _on_interrupt() -> None:
 
 
 def hand_over(publish: Callable[[], None]) -> None:
-  """XLA's notifier owns SIGTERM from now on: an early SIGTERM recorded here goes to it now, and a
-  Ctrl-C (recorded already or later) first calls `publish`, then becomes a SIGTERM to this process."""
+  """XLA's notifier agrees on SIGTERM from now on (ours in front of it records the arrival first): an early
+  SIGTERM recorded here goes to it now, and a Ctrl-C (recorded already or later) first calls `publish`,
+  then becomes a SIGTERM to XLA's notifier."""
   with _lock:
     _state['publish'] = publish
+  _put_ours_in_front_of_xla()
   got = received()
   if got and got[0] == signal.SIGTERM:
     redeliver()

@@ -48,7 +48,9 @@ def reset_signals() -> None:
   """No signal recorded, no Ctrl-C watcher: pytest's own SIGINT handling again."""
   signals.uninstall_interrupt()
   signals._received.clear()  # pylint: disable=protected-access
-  signals._state.update(interrupts=0, publish=None, forwarded=False)  # pylint: disable=protected-access
+  signals._state.update(interrupts=0, publish=None, forwarded=False, xla=None,  # pylint: disable=protected-access
+                        xla_notified=False)
+  signals._on_first.clear()  # pylint: disable=protected-access
 
 
 # The files with the longest end-to-end tests, ordered by their longest single test (make test,

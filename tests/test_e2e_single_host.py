@@ -147,14 +147,34 @@ def test_stock_paxml_main_with_seed_flags(jobs, job_dir, tmp_path):
   assert _assert_preempted_run(job_dir, restored=step) >= step
 
 
-def test_sigterm_before_first_step_exits_143_with_a_restorable_checkpoint(jobs, job_dir, tmp_path):
-  """SIGTERM while Python is still importing paxml: recorded, handed to XLA, honoured at step 0/1."""
+def test_sigterm_before_first_step_exits_143_at_once_with_nothing_to_save(jobs, job_dir, tmp_path):
+  """SIGTERM while Python is still importing paxml: recorded, and at the loop's first iteration every host
+  agrees that nothing was trained: exit 143 before the step compiles, no checkpoint written."""
   job = _start(jobs, process.ours_argv(EXP, job_dir), str(tmp_path / 'run.log'))
   time.sleep(1.0)
-  job.send(signal.SIGTERM)
+  sent = job.send(signal.SIGTERM)
   assert job.wait(180) == 143, job.log()[-3000:]
-  step = _assert_preempted_run(job_dir, restored=None)
-  assert step <= 1
+  _assert_nothing_trained_nothing_saved(job, job_dir, restored=None, sent=sent)
+  assert checkpoint_steps(job_dir) == ([], [])
+  assert 'Nothing trained yet, and no checkpoint when the signal came: nothing to save (SIGTERM); exiting 143.' in \
+      job.log()
+
+
+def _assert_nothing_trained_nothing_saved(job, job_dir, *, restored, sent) -> float:
+  """The newest run: start(restored), preemption(restored step, nothing to save, the arrival recorded),
+  exit(143) and nothing else: no save, no compilation of the training step. Returns the exit's seconds
+  after the signal's arrival."""
+  run = events_of_run(job_dir)
+  assert [e['event'] for e in run] == ['start', 'preemption', 'exit'], run
+  start, preemption, exit_ = run
+  step = restored or 0
+  assert start['restored_step'] == restored
+  assert preemption == {**preemption, 'step': step, 'plan': 'nothing_to_save', 'saved_step': restored,
+                        'signal': 'SIGTERM', 'grace_s': 300.0}
+  assert sent - 0.05 <= preemption['signal_at'] <= sent + 0.5, (sent, preemption)
+  assert exit_ == {**exit_, 'code': 143, 'step': step}
+  assert 'Finished XLA compilation of pjit(_wrapped_step_fn)' not in job.log()
+  return exit_['t'] - preemption['signal_at']
 
 
 def _slipped_config_moves_nothing_and_the_fixed_rerun_resumes(
@@ -162,7 +182,8 @@ def _slipped_config_moves_nothing_and_the_fixed_rerun_resumes(
   """A restart with MODEL_DIMS 64 -> 96 (a config slip right after a preemption): exit 2 with one line
   naming the checkpoint and the first differing array, every checkpoint where it was. The original
   command then resumes from the on-demand step, even with a SIGTERM during its restore (stock paxml
-  1.4.0 loses that SIGTERM: XLA's sync point is never reached, and it trains on)."""
+  1.4.0 loses that SIGTERM: XLA's sync point is never reached, and it trains on): with nothing trained since
+  the restore, it exits 143 at once, before the step compiles, and the next run restores the same step."""
   step = _assert_preempted_run(preempted.job_dir, restored=None)
   job_dir = _copy_of(preempted, tmp_path)
   before = checkpoint_steps(job_dir)
@@ -179,10 +200,14 @@ def _slipped_config_moves_nothing_and_the_fixed_rerun_resumes(
                                                        'kind': 'mismatch'}
   assert events_of(job_dir, 'exit')[-1]['code'] == 2 and not events_of(job_dir, 'restore_skipped')
 
+  before = checkpoint_steps(job_dir)
   second = _start(jobs, process.ours_argv(EXP, job_dir), str(tmp_path / 'run2.log'))
   second.wait_for_log(r'\[PAX STATUS\]: Starting checkpoint load')
-  second.send(signal.SIGTERM)
+  sent = second.send(signal.SIGTERM)
   assert second.wait(180) == 143, second.log()[-3000:]
   assert f'Model initial global_step={step}' in second.log()
-  agreed = _assert_preempted_run(job_dir, restored=step)
-  assert step <= agreed <= step + 1
+  secs = _assert_nothing_trained_nothing_saved(second, job_dir, restored=step, sent=sent)
+  assert f'Nothing trained since checkpoint {step} when the signal came: nothing to save (SIGTERM); exiting 143.' \
+      in second.log()
+  assert checkpoint_steps(job_dir) == before
+  print(f'SIGTERM during the restore of {step} -> exit {secs:.2f} s')

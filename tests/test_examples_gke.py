@@ -198,6 +198,8 @@ def test_failure_policy_restarts_on_the_exit_code_without_counting_and_counts_re
   assert exit_rules[0]['onExitCodes']['containerName'] == container['name']
   assert job_spec['template']['spec']['restartPolicy'] == 'Never' and job_spec['backoffLimit'] == 0
   assert job_spec['template']['spec']['terminationGracePeriodSeconds'] >= 120  # room for the save
+  # The exit path plans inside the pod's grace period: the same number.
+  assert float(_flag(container, 'autockpt_grace_secs')) == job_spec['template']['spec']['terminationGracePeriodSeconds']
   assert _jobset_action(jobset, code) == 'RestartJobSetAndIgnoreMaxRestarts'
   assert _jobset_action(jobset, 137, disrupted=True) == 'RestartJobSetAndIgnoreMaxRestarts'  # node gone
   for failure in (1, 2, 134, 137, 139, 130):

@@ -88,6 +88,8 @@ def test_exit_143_requeues_the_job(sbatch, code):
   srun, = [line for line in lines if line.startswith('srun ')]
   assert '--kill-on-bad-exit=0' in srun and ' -m pax_autockpt.main ' in srun
   assert f'--autockpt_exit_code={code}' in srun and srun.endswith('--autockpt_keep_latest=3')
+  grace = re.fullmatch(r'(?:(B|R):)?TERM@(\d+)', _directives()['signal']).group(2)
+  assert f'--autockpt_grace_secs={grace}' in srun  # the exit path plans inside Slurm's warning time
 
 
 @pytest.mark.parametrize('code', [0, 1, 2, 130, 134, 137])

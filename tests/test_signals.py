@@ -157,3 +157,46 @@ def test_a_forked_child_s_ctrl_c_is_not_counted_as_ours():
   ''')
   out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=60, cwd=os.getcwd())
   assert out.stdout.split() == ['0', 'False'], out.stderr[-2000:]
+
+
+def test_sigterm_arrival_is_recorded_in_front_of_xla_s_notifier_which_still_agrees(tmp_path):
+  """Real jax.distributed (one process): XLA's C-level notifier owns SIGTERM and notices it only when its
+  listener next polls. After hand_over ours is in front: the arrival is recorded within milliseconds, with
+  the main thread stuck in C, and XLA's preemption sync point is still reached (once, for two SIGTERMs)."""
+  script = textwrap.dedent('''
+      import ctypes, os, signal, threading, time
+      import jax
+      from jax._src import distributed
+      from pax_autockpt import signals
+      jax.distributed.initialize('127.0.0.1:%d', num_processes=1, process_id=0)
+      signals.install_interrupt()
+      signals.hand_over(lambda: None)
+      sync = distributed.global_state.preemption_sync_manager
+      sent = []
+      def send():
+        time.sleep(0.3)
+        sent.append(time.time())
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGTERM)
+      threading.Thread(target=send).start()
+      libc = ctypes.CDLL(None)
+      libc.usleep(700000)  # the main thread in C while both signals arrive
+      i = 0
+      while not sync.reached_sync_point(i) and i < 1000:
+        i += 1
+        time.sleep(0.01)
+      print('lag_ms', round((signals.received()[1] - sent[0]) * 1000), 'signal', int(signals.received()[0]),
+            'agreed', i < 1000, flush=True)
+  ''' % _free_port())
+  out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=120, cwd=os.getcwd())
+  words = out.stdout.split()
+  assert words[:1] == ['lag_ms'], out.stderr[-3000:]
+  assert 0 <= int(words[1]) < 100 and words[3] == str(int(signal.SIGTERM)) and words[5] == 'True', out.stdout
+
+
+def _free_port() -> int:
+  import socket  # pylint: disable=g-import-not-at-top
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]

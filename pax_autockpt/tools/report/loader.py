@@ -275,20 +275,27 @@ def _save_cost(started: list[model.Save]) -> float | None:
 
 
 def _preemption(group: _Group, run_by_key: dict[tuple[int, int], model.Run]) -> model.Preemption:
-  """One preemption merged over hosts, with how long each host took from it to its exit."""
+  """One preemption merged over hosts, with how long each host took from the signal's arrival (on the
+  host it reached first; logs written before arrivals were recorded: from the agreement) to its exit."""
   first = _pick(group)
+  arrivals = [a for a in (values.number(e.rec.get('signal_at')) for e in group.values()) if a is not None]
+  signal_at = min(arrivals) if arrivals else None
+  agreed_at = min(e.t for e in group.values())
   by_host = {}
   codes = []
   for h, e in group.items():
     r = run_by_key[(h, e.run)]
-    if r.exited and r.t_exit is not None and r.t_exit >= e.t:
-      by_host[h] = r.t_exit - e.t
+    since = e.t if signal_at is None else signal_at
+    if r.exited and r.t_exit is not None and r.t_exit >= since:
+      by_host[h] = r.t_exit - since
       if r.exit_code is not None:
         codes.append(r.exit_code)
   return model.Preemption(
       step=_step(first), signal=values.string(first.rec.get('signal')),
       t=first.t, hosts=sorted(group), exit_after_s=values.max_known(by_host.values()),
-      exit_after_s_by_host=dict(sorted(by_host.items())), exit_codes=sorted(set(codes)))
+      exit_after_s_by_host=dict(sorted(by_host.items())), exit_codes=sorted(set(codes)), signal_at=signal_at,
+      agreed_after_s=None if signal_at is None else max(0.0, agreed_at - signal_at),
+      plan=values.string(first.rec.get('plan')), saved_step=values.integer(first.rec.get('saved_step')))
 
 
 def _preemptions(evs: list[_Event],

@@ -73,9 +73,13 @@ class Preemption:
   signal: str | None
   t: float
   hosts: list[int]
-  exit_after_s: float | None      # preemption event -> that host's exit, max over hosts
+  exit_after_s: float | None      # the signal's arrival (else the agreement) -> that host's exit, max over hosts
   exit_after_s_by_host: dict[int, float]
   exit_codes: list[int]
+  signal_at: float | None = None  # the earliest arrival of the signal on any host (None: not recorded)
+  agreed_after_s: float | None = None  # the signal's arrival -> the first host's agreement on the step
+  plan: str | None = None         # save, keep_in_flight, give_up, nothing_to_save (None: not recorded)
+  saved_step: int | None = None   # the step the exit waited for (an earlier one for keep_in_flight)
 
 
 @dataclasses.dataclass

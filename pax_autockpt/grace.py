@@ -1,0 +1,116 @@
+"""The exit path's time budget: what still fits between a preemption signal and the scheduler's SIGKILL.
+
+Cloud TPU waits 300 s after SIGTERM, Spot VMs about 30 s, GKE `terminationGracePeriodSeconds`, Slurm
+`--signal=TERM@N` N seconds: then the process is killed wherever it is. A save killed mid-write is not
+lost progress (it never committed), but the job exits without the step it was preempted for, and with a
+log that stops mid-sentence. So the exit path plans inside the budget, counted from the signal's arrival:
+`plan` decides, from this job's own measured save durations, whether a new save of the agreed step still
+fits, or only the save already in flight, or nothing; every wait on the way is bounded by what is left;
+and a `Watchdog` ends the process with one line just before the deadline if something still hangs.
+"""
+
+import dataclasses
+import json
+import threading
+import time
+from typing import Callable
+
+MARGIN_FACTOR = 1.5  # a save may take this much longer than this job's mean save so far
+MARGIN_SECS = 2.0  # what the exit itself takes after the commit: events, logs, process teardown
+WATCHDOG_LEAD_SECS = 1.0  # the watchdog ends the process this long before the deadline
+
+SAVE = 'save'  # save the agreed step (after the save in flight, if any), then exit
+KEEP_IN_FLIGHT = 'keep_in_flight'  # no time for a new save: let the one in flight commit, exit naming it
+GIVE_UP = 'give_up'  # no save in flight and no time for one: exit 1 at once, naming the newest committed
+
+
+@dataclasses.dataclass(frozen=True)
+class Deadline:
+  """When the scheduler kills this process: the signal's arrival plus the grace period. A host that did not
+  get the signal itself counts from when it learned of the agreement (XLA's notifier tells it within ~1 s)."""
+
+  arrival: float
+  grace_secs: float
+  seen_here: bool = True
+
+  @property
+  def at(self) -> float:
+    return self.arrival + self.grace_secs
+
+  def remaining(self, now: float | None = None) -> float:
+    return self.at - (time.time() if now is None else now)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExitContext:
+  """What the exit plan looks at, at the agreed step (on the primary host)."""
+
+  remaining_s: float
+  save_duration_s: float | None  # this job's mean start -> commit so far; None before any save committed
+  in_flight_step: int | None = None
+  in_flight_elapsed_s: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ExitPlan:
+  action: str  # SAVE, KEEP_IN_FLIGHT or GIVE_UP
+  why: str
+  kept_step: int | None = None  # KEEP_IN_FLIGHT: the step of the save in flight
+
+  def encode(self) -> str:
+    """For the other hosts (the coordination service's key-value store holds text)."""
+    return json.dumps(dataclasses.asdict(self))
+
+  @classmethod
+  def decode(cls, text: str) -> 'ExitPlan':
+    return cls(**json.loads(text))
+
+
+def plan(ctx: ExitContext) -> ExitPlan:
+  """SAVE when the save in flight (projected from its elapsed time) and a new save both fit in what is
+  left, with the margins; else KEEP_IN_FLIGHT when a save is in flight; else GIVE_UP. With no save measured
+  yet there is nothing to project from: SAVE, bounded by the deadline like every wait on the exit path."""
+  if ctx.save_duration_s is None:
+    return ExitPlan(SAVE, 'no save of this job measured yet')
+  projected = ctx.save_duration_s * MARGIN_FACTOR
+  in_flight_left = max(0.0, projected - ctx.in_flight_elapsed_s) if ctx.in_flight_step is not None else 0.0
+  needed = in_flight_left + projected + MARGIN_SECS
+  budget = f'{ctx.remaining_s:.1f} s left of the grace period, a save takes ~{ctx.save_duration_s:.1f} s'
+  if needed <= ctx.remaining_s:
+    return ExitPlan(SAVE, budget)
+  if ctx.in_flight_step is not None:
+    return ExitPlan(KEEP_IN_FLIGHT, f'{budget}: no time for a new save after the one of step '
+                    f'{ctx.in_flight_step} in flight', kept_step=ctx.in_flight_step)
+  return ExitPlan(GIVE_UP, f'{budget}: no time for a save')
+
+
+class Watchdog:
+  """Calls `expire()` (which must end the process) `WATCHDOG_LEAD_SECS` before the earliest deadline it
+  was armed with, unless the process has ended by then. A daemon thread: it never holds the exit up."""
+
+  def __init__(self, expire: Callable[[Deadline], None]):
+    self._expire = expire
+    self._lock = threading.Lock()
+    self.deadline: Deadline | None = None
+    self._wake = threading.Event()
+
+  def arm(self, deadline: Deadline) -> None:
+    with self._lock:
+      if self.deadline is not None and self.deadline.at <= deadline.at:
+        return
+      first = self.deadline is None
+      self.deadline = deadline
+    if first:
+      threading.Thread(target=self._run, name='autockpt-grace', daemon=True).start()
+    else:
+      self._wake.set()
+
+  def _run(self) -> None:
+    while True:
+      deadline = self.deadline
+      left = deadline.remaining() - WATCHDOG_LEAD_SECS
+      if left <= 0:
+        self._expire(deadline)
+        return
+      if self._wake.wait(left):
+        self._wake.clear()

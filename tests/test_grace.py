@@ -1,0 +1,58 @@
+"""The exit path's plan inside the grace period, and its watchdog (pure logic, real threads)."""
+
+import threading
+import time
+
+import pytest
+
+from pax_autockpt import grace
+
+
+def _ctx(remaining, duration, in_flight=None, elapsed=0.0):
+  return grace.ExitContext(remaining_s=remaining, save_duration_s=duration, in_flight_step=in_flight,
+                           in_flight_elapsed_s=elapsed)
+
+
+@pytest.mark.parametrize('ctx, action', [
+    (_ctx(300, None), grace.SAVE),  # nothing measured yet: try, bounded
+    (_ctx(300, 25.0), grace.SAVE),
+    (_ctx(300, 25.0, in_flight=100, elapsed=5.0), grace.SAVE),
+    # 1.5 x 25 = 37.5 for the new save, 32.5 left of the one in flight, 2 s to exit: 72 s.
+    (_ctx(72.0, 25.0, in_flight=100, elapsed=5.0), grace.SAVE),
+    (_ctx(71.9, 25.0, in_flight=100, elapsed=5.0), grace.KEEP_IN_FLIGHT),
+    (_ctx(10.0, 25.0, in_flight=100, elapsed=5.0), grace.KEEP_IN_FLIGHT),  # try it; the wait is bounded
+    (_ctx(39.5, 25.0), grace.SAVE),
+    (_ctx(39.4, 25.0), grace.GIVE_UP),
+    (_ctx(-1.0, 0.1), grace.GIVE_UP),
+])
+def test_plan_saves_only_what_fits(ctx, action):
+  got = grace.plan(ctx)
+  assert got.action == action, got
+  assert got.kept_step == (ctx.in_flight_step if action == grace.KEEP_IN_FLIGHT else None)
+  assert grace.ExitPlan.decode(got.encode()) == got
+
+
+def test_plan_says_why_in_words():
+  why = grace.plan(_ctx(30.0, 25.0, in_flight=100, elapsed=5.0)).why
+  assert why == '30.0 s left of the grace period, a save takes ~25.0 s: no time for a new save after the one of ' \
+                'step 100 in flight'
+
+
+def test_deadline_counts_from_the_arrival():
+  d = grace.Deadline(arrival=1000.0, grace_secs=300)
+  assert d.at == 1300.0 and d.remaining(now=1100.0) == 200.0
+
+
+def test_watchdog_fires_once_before_the_earliest_deadline(monkeypatch):
+  monkeypatch.setattr(grace, 'WATCHDOG_LEAD_SECS', 0.05)
+  fired = []
+  done = threading.Event()
+  dog = grace.Watchdog(lambda d: (fired.append((d.grace_secs, time.time())), done.set()))
+  now = time.time()
+  dog.arm(grace.Deadline(now, 5.0))
+  dog.arm(grace.Deadline(now, 0.3))  # earlier: wins
+  dog.arm(grace.Deadline(now, 10.0))  # later: ignored
+  assert done.wait(3)
+  time.sleep(0.2)
+  assert [g for g, _ in fired] == [0.3]
+  assert 0.2 <= fired[0][1] - now < 1.0
