@@ -116,6 +116,10 @@ class AutockptCheckpointer:
   def reached_preemption(self, step: int) -> bool:
     return self._preemption.is_agreed(step)
 
+  @property
+  def save_in_flight(self) -> bool:
+    return self._background.in_flight
+
   def newest_committed(self) -> int | None:
     return layout.newest_committed(self.checkpoint_dir)
 

@@ -91,6 +91,12 @@ class AutockptExecutor(executors.DefaultExecutor):
     (logging.error if error else logging.info)('[autockpt] %s', message)
     self._events.write('exit', code=code, step=step)
     self._events.flush()
+    if getattr(getattr(self, '_checkpointer', None), 'save_in_flight', False):
+      # A save the grace period cut short is still writing from C++ threads, and Python's finalization
+      # would abort under them (std::terminate, exit -6). It can no longer commit: end here.
+      logging.flush()
+      sys.stderr.flush()
+      os._exit(code)  # pylint: disable=protected-access
     sys.exit(code)
 
 

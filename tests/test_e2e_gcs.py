@@ -210,3 +210,56 @@ def test_two_hosts_on_one_bucket_sigterm_to_host_1_only_ocdbt_by_default_and_res
   assert relaunch.wait(180) == 143, relaunch.log()[-3000:]
   again = {events_of(job, 'preemption', host=h)[-1]['step'] for h in (0, 1)}
   assert len(again) == 1 and again.pop() >= step, again
+
+
+def _in_flight(job) -> bool:
+  """A continuous save started and not yet committed (its start is logged in the save thread)."""
+  log = job.log()
+  return 'Step `1` completed' in log and log.count('started (loop blocked') > log.count('committed in') >= 1
+
+
+def test_grace_period_keeps_the_save_in_flight_or_exits_1_before_the_deadline(jobs, gcs, tmp_path):
+  """Checkpoint writes at 150 ms a request (a save ~6 s here). Run 1, a 10 s grace period: SIGTERM with a
+  continuous save in flight; the in-flight save and a new one do not both fit, so the in-flight step
+  commits and the process exits 143 naming it, inside the grace period. Run 2 restores that step; with
+  3 s, nothing fits: exit 1 with one line naming the newest committed step, before the deadline, and the
+  step it was writing is not counted."""
+  job = gcs.url('grace')
+  gcs.set_faults(latency_ms=150, writes_only=True, path_contains='checkpoints/checkpoint_')
+  argv = process.ours_argv(CONTINUOUS, job, '--autockpt_min_interval_secs=0', '--autockpt_keep_latest=2')
+  first = _run(jobs, [*argv, '--autockpt_grace_secs=10'], str(tmp_path / 'run1.log'))
+  process.wait_until(lambda: _in_flight(first), 'a continuous save in flight after one committed', 300, 0.05, first)
+  first.send(signal.SIGTERM)
+  assert first.wait(60) == 143, first.log()[-4000:]
+  preemption, = _last_run(job, 'preemption', finished=True)
+  exit_, = _last_run(job, 'exit')
+  kept, agreed = preemption['saved_step'], preemption['step']
+  assert preemption['plan'] == 'keep_in_flight' and kept < agreed, preemption
+  assert f'no time for a new save after the one of step {kept} in flight' in preemption['why']
+  assert exit_['code'] == 143 and exit_['step'] == agreed
+  assert exit_['t'] - preemption['signal_at'] < 10, (exit_, preemption)
+  assert f'Checkpoint of step {kept} committed (no time to save step {agreed} as well) (SIGTERM); exiting 143.' in \
+      first.log()
+  assert agreed not in [e['step'] for e in _last_run(job, 'save_started')]
+  committed, _ = checkpoint_steps(job)
+  assert committed[-1] == kept
+  print(f'grace 10 s: kept the save of step {kept} in flight at step {agreed}; exit '
+        f'{exit_["t"] - preemption["signal_at"]:.2f} s after the SIGTERM')
+
+  second = _run(jobs, [*argv, '--autockpt_grace_secs=3'], str(tmp_path / 'run2.log'))
+  process.wait_until(lambda: _in_flight(second), 'a continuous save in flight', 300, 0.05, second)
+  before, _ = checkpoint_steps(job)
+  second.send(signal.SIGTERM)
+  assert second.wait(60) == 1, second.log()[-4000:]
+  assert _last_run(job, 'start')[0]['restored_step'] == kept
+  preemption, = _last_run(job, 'preemption', finished=True)
+  exit_, = _last_run(job, 'exit')
+  assert preemption['plan'] in ('keep_in_flight', 'give_up'), preemption
+  assert exit_['code'] == 1 and exit_['t'] - preemption['signal_at'] < 3, (exit_, preemption)
+  newest = max(before)
+  line, = [x for x in second.log().splitlines() if 'exiting 1.' in x]
+  assert f'the newest committed checkpoint is {newest}' in line and 'Traceback' not in second.log(), line
+  committed, others = checkpoint_steps(job)
+  assert committed[-1] == newest, (committed, others)  # what was being written is not a checkpoint
+  print(f'grace 3 s: {preemption["plan"]}, exit 1 {exit_["t"] - preemption["signal_at"]:.2f} s after the SIGTERM; '
+        f'uncommitted left: {others}')

@@ -47,9 +47,9 @@ _WRITES = ('POST', 'PUT', 'PATCH', 'DELETE')
 class Faults:
   """What the proxy does to each storage request (control requests are never touched)."""
 
-  latency_ms: float = 0.0  # added before each request is forwarded
+  latency_ms: float = 0.0  # added before each matching request is forwarded
   fail_fraction: float = 0.0  # share of matching requests answered with `status` instead
-  writes_only: bool = False  # match only POST/PUT/PATCH/DELETE
+  writes_only: bool = False  # match only POST/PUT/PATCH/DELETE (every request matches by default)
   path_contains: str = ''  # match only requests whose path (URL-decoded) contains this
   status: int = 503
 
@@ -144,13 +144,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     else:
       self._reply(404, b'{}')
 
-  def _fails(self) -> bool:
+  def _matches(self) -> bool:
     f = self.server.faults
-    if not f.fail_fraction or (f.writes_only and self.command not in _WRITES):
+    if f.writes_only and self.command not in _WRITES:
       return False
-    if f.path_contains and f.path_contains not in urllib.parse.unquote(self.path):
-      return False
-    return self.server.rng.random() < f.fail_fraction
+    return not f.path_contains or f.path_contains in urllib.parse.unquote(self.path)
+
+  def _fails(self) -> bool:
+    return bool(self.server.faults.fail_fraction) and self._matches() and \
+        self.server.rng.random() < self.server.faults.fail_fraction
 
   def _forward(self):
     body = self._body()
@@ -161,7 +163,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     self.server.stats.add('requests')
     self.server.stats.add(f'{side}:{self.command}')
     self.server.stats.add(f'under:{_area(self.path)}')
-    if self.server.faults.latency_ms:
+    if self.server.faults.latency_ms and self._matches():
       time.sleep(self.server.faults.latency_ms / 1000)
     if self._fails():
       self.server.stats.add('failed')
