@@ -79,7 +79,7 @@ def _assert_all_preempted_at_same_step(job_dir, num_hosts, restored, code=143, s
   return step
 
 
-def test_sigterm_to_one_host_saves_the_same_step_on_all_and_relaunch_restores_it(
+def test_sigterm_to_one_host_saves_the_same_step_on_all_then_a_killed_launcher_s_hosts_do_too(
     jobs, job_dir, tmp_path):
   first = _launch(jobs, job_dir, str(tmp_path / 'launch1.log'), 2)
   _wait_training(job_dir, 1, first)
@@ -93,7 +93,8 @@ def test_sigterm_to_one_host_saves_the_same_step_on_all_and_relaunch_restores_it
   assert 'host 0 exit code 143' in first.log() and 'host 1 exit code 143' in first.log()
   print(f'SIGTERM to host 1 -> all hosts exited in {all_exited:.2f} s; agreed step {step}')
 
-  # Relaunch: every host restores that step; this time SIGTERM goes to all hosts via the launcher.
+  # Relaunch: every host restores that step. This time the launcher itself is SIGKILLed (no chance to
+  # forward anything): no orphans, its hosts get SIGTERM, save the same step and exit 143.
   relaunch_t, since = time.time(), _host_log_sizes(job_dir, 2)
   second = _launch(jobs, job_dir, str(tmp_path / 'launch2.log'), 2)
   for host in (0, 1):
@@ -102,19 +103,30 @@ def test_sigterm_to_one_host_saves_the_same_step_on_all_and_relaunch_restores_it
   for host in (0, 1):
     _wait_training(job_dir, host, second, since=since[host])
   time.sleep(1.0)
-  second.send(signal.SIGTERM)  # the launcher forwards it to every host
-  assert second.wait(120) == 143, second.log()[-3000:]
+  second.send(signal.SIGKILL)  # the launcher only, not its hosts
+  second.wait(30)
+  process.wait_until(lambda: all(_run_events(job_dir, h)[-1]['event'] == 'exit' for h in range(2)),
+                     'both hosts exited', 120, 0.2)  # the launcher is gone: no job to watch
   assert _assert_all_preempted_at_same_step(job_dir, 2, restored=step) >= step
+  for host in range(2):  # gone (or a zombie waiting for init to reap it)
+    pid = _run_events(job_dir, host)[0]['pid']
+    deadline = time.time() + 30
+    while time.time() < deadline and _alive(pid):
+      time.sleep(0.2)
+    assert not _alive(pid), f'host {host} (pid {pid}) outlived its launcher'
 
 
-def test_sigkill_of_one_host_makes_the_others_exit_nonzero_within_the_bound(jobs, job_dir, tmp_path):
-  """Host 1 killed while a background save is in flight (continuous saving: one almost always is, and
-  the kill follows a save start): host 0's save thread waits at a coordination-service barrier, and
-  nothing may wait past the launcher's bound."""
+def test_two_hosts_continuous_save_the_same_steps_then_sigkill_of_one_makes_the_other_exit_within_the_bound(
+    jobs, job_dir, tmp_path):
+  """2 hosts saving back to back (continuous, keep the latest 3) start the same saves at the same steps,
+  and only the primary deletes. Then host 1 is killed while a background save is in flight (the kill
+  follows a save start): host 0's save thread waits at a coordination-service barrier, and nothing may wait
+  past the launcher's bound."""
   job = _launch(jobs, job_dir, str(tmp_path / 'launch.log'), 2, '--peer_exit_secs=60',
-                host_flags=('--autockpt_continuous',))
-  _wait_training(job_dir, 1, job)
-  saves = len([e for e in events_lib.read(job_dir, 1) if e['event'] == 'save_started'])
+                host_flags=('--autockpt_continuous', '--autockpt_keep_latest=3'))
+  saves_on_1 = lambda: [e['step'] for e in events_lib.read(job_dir, 1) if e['event'] == 'save_started']
+  process.wait_until(lambda: len(saves_on_1()) >= 8, '8 saves on host 1', every=0.2, job=job)
+  saves = len(saves_on_1())
   process.wait_until(lambda: len([e for e in events_lib.read(job_dir, 1) if e['event'] == 'save_started']) > saves,
                      'a save started on host 1', 60, 0.01, job)
   pid1 = events_lib.read(job_dir, 1)[0]['pid']
@@ -128,25 +140,13 @@ def test_sigkill_of_one_host_makes_the_others_exit_nonzero_within_the_bound(jobs
   assert host0 and not host0[0].endswith(' 0') and not host0[0].endswith(' 143')
   assert took < 65, f'peers took {took:.1f} s to go after a SIGKILL'
   print(f'SIGKILL of host 1 -> launcher exit {code} after {took:.2f} s')
+  steps = [[e['step'] for e in events_lib.read(job_dir, h) if e['event'] == 'save_started'] for h in (0, 1)]
+  assert steps[1] == steps[0][:len(steps[1])] and len(steps[0]) - len(steps[1]) <= 1, steps
+  assert [e for e in events_lib.read(job_dir, 1) if e['event'] == 'deleted'] == []  # the primary deletes
+  assert [e for e in events_lib.read(job_dir, 0) if e['event'] == 'deleted']
   complete, _ = checkpoint_steps(job_dir)
-  assert 0 in complete  # the committed checkpoint survives
-
-
-def test_sigkill_of_the_launcher_preempts_every_host(jobs, job_dir, tmp_path):
-  """No orphans: hosts of a launcher killed by SIGKILL get SIGTERM, save the same step, exit 143."""
-  job = _launch(jobs, job_dir, str(tmp_path / 'launch.log'), 2)
-  _wait_training(job_dir, 1, job)
-  job.send(signal.SIGKILL)  # the launcher only, not its hosts
-  job.wait(30)
-  process.wait_until(lambda: all(any(e['event'] == 'exit' for e in events_lib.read(job_dir, h)) for h in range(2)),
-                     'both hosts exited', 120, 0.2)  # the launcher is gone: no job to watch
-  _assert_all_preempted_at_same_step(job_dir, 2, restored=None)
-  for host in range(2):  # gone (or a zombie waiting for init to reap it)
-    pid = events_lib.read(job_dir, host)[0]['pid']
-    deadline = time.time() + 30
-    while time.time() < deadline and _alive(pid):
-      time.sleep(0.2)
-    assert not _alive(pid), f'host {host} (pid {pid}) outlived its launcher'
+  assert 1 <= len(complete) <= 3 and set(complete) <= set(steps[0]), (complete, steps)  # what was committed stays
+  assert_restorable(job_dir, complete[-1])
 
 
 def _alive(pid):
