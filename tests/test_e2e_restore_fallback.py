@@ -52,10 +52,12 @@ def _a_chunk(job_dir, step):
 
 
 def _restart(jobs, job_dir, log, *flags) -> int:
-  """The same command again, until its start event; returns the restored step."""
+  """The same command again, until its restore is done (its `start` event), then SIGTERM: nothing trained
+  since the restore, so it exits 143 before the training step compiles. Returns the restored step."""
+  starts = len(events_of(job_dir, 'start'))
   job = process.Job(process.ours_argv(EXP, job_dir, *flags), log)
   jobs.append(job)
-  job.wait_for_log(r'\[PAX STATUS\]: Step `\d+` completed')
+  process.wait_until(lambda: len(events_of(job_dir, 'start')) > starts, 'the restart\'s start event', 300, 0.05, job)
   job.send(signal.SIGTERM)
   assert job.wait(120) == 143, job.log()[-3000:]
   return events_of(job_dir, 'start')[-1]['restored_step']
