@@ -207,6 +207,8 @@ class AutockptCheckpointer:
       return False
 
     def decide():  # on the primary host only (agreement.PrimaryDecides)
+      if signals.received() is not None:
+        return False  # the agreement on the on-demand step is coming: no save may compete with it for the grace period
       context = policies.DecisionContext(
           is_saving_in_progress=self._background.in_flight, reached_preemption=self.reached_preemption(step),
           save_cost_secs=self._costs.blocking_s, save_duration_secs=self._costs.duration_s)

@@ -41,7 +41,8 @@ def _shape(line: str) -> str:
 
 
 def _rendered(ok: bool = True) -> list[str]:
-  summary = demo.summary_lines(on_demand=200, sigterm_at_s=25.1, code1=143, exit_secs=0.41, resumed=200,
+  summary = demo.summary_lines(on_demand=200, sigterm_at_s=25.1, code1=143, exit_secs=0.41, agreed_secs=0.3,
+                               resumed=200,
                                code2=0, final=2000, job_log_dir='/tmp/demo_run/20261124-010203/job')
   return [*summary, '', REPORT_PLACEHOLDER, demo.result_line(ok)]
 

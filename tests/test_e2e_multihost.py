@@ -217,7 +217,7 @@ def test_restore_decisions_agreed_across_hosts_and_verified_on_another_topology(
   step = _assert_all_preempted_at_same_step(job_dir, 2, restored=None)
   name, shard = damage.flip_a_byte(layout.step_dir(layout.checkpoint_dir(job_dir), step), host=1)
 
-  relaunch_t = time.time()
+  relaunch_t, since = time.time(), _host_log_sizes(job_dir, 2)
   second = _launch(jobs, job_dir, str(tmp_path / 'launch2.log'), 2, exp=exp)
   starts = [_wait_event(job_dir, host, 'start', second, after=relaunch_t) for host in (0, 1)]
   for host in (0, 1):
@@ -225,7 +225,8 @@ def test_restore_decisions_agreed_across_hosts_and_verified_on_another_topology(
     assert [e['step'] for e in skipped] == [step], skipped
     assert f'host 1: {name} shard [{shard}] does not match the manifest' in skipped[0]['error']
   assert starts[0]['restored_step'] == starts[1]['restored_step'] < step
-  second.send(signal.SIGTERM)
+  _wait_training(job_dir, 1, second, since=since[1])
+  second.send(signal.SIGTERM)  # after a step: a new checkpoint (a SIGTERM before one would save nothing)
   assert second.wait(180) == 143, second.log()[-3000:]
 
   # A config slip only host 1 sees (its MODEL_DIMS 96): host 0's check passes, host 1's does not; both
