@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 
+from pax_autockpt.tools import local_gcs
 from pax_autockpt.tools import process
 
 
@@ -52,3 +53,33 @@ def test_serve_in_the_background_of_a_shell_stops_on_sigterm(tmp_path):
     for p in [pid, *([] if not _alive(pid) else _children(pid))]:
       if _alive(p):
         os.kill(p, signal.SIGKILL)
+
+
+def test_a_status_query_of_an_upload_whose_data_never_arrived_is_answered_as_gcs_does(tmp_path):
+  """GCS answers 308 (nothing received) and keeps no object; fake-gcs-server alone completed the object
+  with 0 bytes (measured: 200, size 0), so a client whose data request failed took the upload for done."""
+  import http.client  # pylint: disable=g-import-not-at-top
+  import urllib.parse  # pylint: disable=g-import-not-at-top
+  with local_gcs.LocalGCS(str(tmp_path / 'gcs')) as gcs:
+    netloc = urllib.parse.urlsplit(gcs.http_url).netloc
+
+    def request(method, path, body=b'', headers=None):
+      conn = http.client.HTTPConnection(netloc, timeout=30)
+      conn.request(method, path, body=body, headers={'Content-Length': str(len(body)), **(headers or {})})
+      resp = conn.getresponse()
+      out = resp.status, dict(resp.getheaders()), resp.read()
+      conn.close()
+      return out
+
+    def session(name):
+      _, headers, _ = request('POST', f'/upload/storage/v1/b/{gcs.bucket}/o?uploadType=resumable&name={name}')
+      where = urllib.parse.urlsplit(headers.get('Location') or headers['location'])
+      return f'{where.path}?{where.query}'
+
+    lost = session('lost.json')  # its data request failed before reaching the server
+    assert request('PUT', lost, headers={'Content-Range': 'bytes */13'})[0] == 308
+    assert request('GET', f'/storage/v1/b/{gcs.bucket}/o/lost.json')[0] == 404
+    assert request('PUT', lost, b'{"step": 123}', {'Content-Range': 'bytes 0-12/13'})[0] == 200  # the retry
+    sent = session('sent.json')
+    assert request('PUT', sent, b'{"step": 123}', {'Content-Range': 'bytes 0-12/13'})[0] == 200
+    assert gcs.read('lost.json') == gcs.read('sent.json') == b'{"step": 123}'

@@ -11,7 +11,10 @@ really runs, unmodified:
 
 The proxy also repairs what TF's client sends and Go's net/http refuses (`Transfer-Encoding: identity`
 on empty POSTs), rewrites upload `Location` headers to the side the client came from, counts requests,
-and injects latency and failures on command (`LocalGCS.set_faults`).
+and injects latency and failures on command (`LocalGCS.set_faults`). It answers one request as GCS
+does where fake-gcs-server does not: a resumable upload's status query (`Content-Range: bytes */N`, no body)
+for a session none of whose bytes arrived (the data request failed) gets 308 and no object; the emulator
+would complete the object with 0 bytes and answer 200, and the client would take its lost upload for done.
 
   with LocalGCS(workdir) as gcs:
     env = {**os.environ, **gcs.env()}   # for a child process
@@ -83,6 +86,7 @@ class _Proxy(socketserver.ThreadingMixIn, http.server.HTTPServer):
     self.faults = Faults()
     self.stats = _Stats()
     self.rng = random.Random(0)
+    self.sessions_with_data: set[str] = set()  # resumable uploads whose bytes reached the server
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -170,8 +174,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
       message = json.dumps({'error': {'code': self.server.faults.status, 'message': 'injected'}})
       self._reply(self.server.faults.status, message.encode(), [('Content-Type', 'application/json')])
       return
+    session = self._upload_session()
+    if session is not None and not body and session not in self.server.sessions_with_data:
+      if (self.headers.get('Content-Range') or '').startswith('bytes */'):
+        self.server.stats.add('status queries answered 308')
+        self._reply(308, b'')  # GCS: nothing received yet; the client starts over from byte 0
+        return
     status, headers, data = self._upstream(body)
+    if session is not None and body and status in (200, 201, 308):
+      self.server.sessions_with_data.add(session)
     self._reply(status, data, self._client_headers(headers))
+
+  def _upload_session(self) -> str | None:
+    """The upload_id of a PUT to a resumable upload session, else None."""
+    if self.command != 'PUT':
+      return None
+    ids = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get('upload_id')
+    return ids[0] if ids else None
 
   def _upstream(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
     headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
