@@ -15,6 +15,7 @@ import math
 import os
 import re
 import socket
+import tempfile
 import time
 from typing import Callable, Mapping, Sequence
 import urllib.error
@@ -285,11 +286,41 @@ def _first_slurm_host(name: str, nodelist: str) -> str:
 # --- values ----------------------------------------------------------------------------------
 
 
+_PORT_HOLD_SECS = 300  # a port handed out here is not handed out again on this machine for this long
+
+
 def free_loopback_port() -> int:
-  """A port the kernel just handed out on loopback, where the local coordinator listens."""
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
+  """A port the kernel just handed out on loopback, where the local coordinator listens, and that no other
+  process on this machine got from here in the last `_PORT_HOLD_SECS`. The kernel may give two processes the
+  same free port in a row (seen: two jobs starting in the same second both got 45029; the second one's
+  client then joined the first one's coordinator, and both died), since the port is free until JAX binds it
+  seconds later. A file per port in the temp directory, created exclusively, is the machine-wide record."""
+  held = os.path.join(tempfile.gettempdir(), 'pax-autockpt-ports')
+  os.makedirs(held, exist_ok=True)
+  for _ in range(64):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+      s.bind(('127.0.0.1', 0))
+      port = s.getsockname()[1]
+    if _hold(os.path.join(held, str(port))):
+      return port
+  return port  # every try was held recently: the kernel's word alone
+
+
+def _hold(path: str) -> bool:
+  """Claims the record at `path`: True if nobody holds it, or its holder's time is up."""
+  try:
+    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    return True
+  except FileExistsError:
+    try:
+      if time.time() - os.stat(path).st_mtime < _PORT_HOLD_SECS:
+        return False
+      os.utime(path)  # two processes may both take over a stale record here: as rare as before, no worse
+      return True
+    except OSError:
+      return False
+  except OSError:
+    return True  # no writable temp directory: the kernel's word alone
 
 
 def _check_port(port) -> int:

@@ -172,11 +172,9 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
   assert as_json['newest_checkpoint'] == step2 and as_json['exit_codes'] == {'143': 2, '1': 1}
 
 
-def _free_port():
-  import socket  # pylint: disable=g-import-not-at-top
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
+def _free_port() -> int:
+  from pax_autockpt import hosts  # pylint: disable=g-import-not-at-top
+  return hosts.free_loopback_port()
 
 
 def _launch_two(jobs, job, log, ready) -> process.Job:

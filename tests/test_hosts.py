@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -504,3 +505,17 @@ def test_check_mesh_mismatch(num_hosts, devices_per_host, ici, dcn, fragment):
 
 def test_default_port():
   assert DEFAULT_PORT == 8476
+
+
+def test_free_loopback_ports_are_not_handed_out_twice_on_one_machine(tmp_path, monkeypatch):
+  """The kernel gave two jobs starting in the same second the same free port; the record held here for
+  `_PORT_HOLD_SECS` keeps any process on this machine from getting it again meanwhile."""
+  monkeypatch.setattr(hosts.tempfile, 'gettempdir', lambda: str(tmp_path))
+  ports = [hosts.free_loopback_port() for _ in range(30)]
+  assert len(set(ports)) == 30
+  record = tmp_path / 'pax-autockpt-ports' / str(ports[0])
+  assert record.exists() and not hosts._hold(str(record))  # pylint: disable=protected-access
+  old = time.time() - hosts._PORT_HOLD_SECS - 1  # pylint: disable=protected-access
+  os.utime(record, (old, old))
+  assert hosts._hold(str(record))  # pylint: disable=protected-access  (its time is up: taken over)
+  assert not hosts._hold(str(record))  # pylint: disable=protected-access

@@ -196,7 +196,5 @@ def test_sigterm_arrival_is_recorded_in_front_of_xla_s_notifier_which_still_agre
 
 
 def _free_port() -> int:
-  import socket  # pylint: disable=g-import-not-at-top
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
+  from pax_autockpt import hosts  # pylint: disable=g-import-not-at-top
+  return hosts.free_loopback_port()

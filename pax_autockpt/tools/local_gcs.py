@@ -40,6 +40,8 @@ from typing import Any
 import urllib.parse
 import urllib.request
 
+from pax_autockpt import hosts
+
 GOOGLE_NAMES = ('www.googleapis.com', 'storage.googleapis.com', '*.storage.googleapis.com')
 _CONTROL = '/_local_gcs/'
 _HOP = {'transfer-encoding', 'connection', 'keep-alive', 'content-length', 'proxy-connection'}
@@ -228,9 +230,7 @@ def _area(path: str) -> str:
 
 
 def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
+  return hosts.free_loopback_port()
 
 
 def _server_binary() -> str:
