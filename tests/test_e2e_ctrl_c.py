@@ -43,9 +43,8 @@ def test_ctrl_c_on_one_host_or_through_the_launcher_stops_every_host_at_one_step
   seen = [os.path.getsize(log) for log in logs]  # host logs are appended to: this launch's part only
   relaunch_t = time.time()
   second = _launch(jobs, job_dir, str(tmp_path / 'launch2.log'), 2)
-  for host in (0, 1):
+  for host in (0, 1):  # restored; a Ctrl-C before the first step saves nothing new and still exits 130
     _wait_event(job_dir, host, 'start', second, after=relaunch_t)
-    _wait_training(job_dir, host, second, since=seen[host])  # a step past the restore
   os.killpg(second.pid, signal.SIGINT)  # what a terminal does: the launcher's whole process group
   assert second.wait(120) == 130, second.log()[-3000:]
   assert _assert_interrupted_at_one_step(job_dir, 2, restored=step) >= step

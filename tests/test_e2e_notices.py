@@ -79,7 +79,7 @@ def test_two_hosts_notices_on_host_1_only_are_saved_by_both_training_goes_on_the
     metadata.set('maintenance-event', 'NONE')
   for host in (0, 1):
     assert [e['reason'] for e in events_of(job_dir, 'save_started', host=host) if e['step'] in saves] == ['notice'] * 2
-  _trained_past(saves[1] + 200, jobs[0])  # training goes on after each notice save
+  _trained_past(saves[1] + 50, jobs[0])  # training goes on after each notice save
   for job in jobs:
     job.send(signal.SIGTERM)
   assert [job.wait(120) for job in jobs] == [143, 143]

@@ -1,5 +1,6 @@
 """End to end, one host: real paxml processes, real SIGTERM, real checkpoint directories."""
 
+import os
 import random
 import re
 import shutil
@@ -10,6 +11,7 @@ import types
 import pytest
 
 from pax_autockpt import events as events_lib
+from pax_autockpt import hosts
 from pax_autockpt import layout
 from pax_autockpt.tools import process
 from tests.conftest import assert_restorable
@@ -20,6 +22,7 @@ from tests.conftest import tb_scalars
 pytestmark = pytest.mark.e2e
 
 EXP = process.TINY_EXP
+SHORT = 'tests.e2e_experiments.TinyShortSchedule'  # EXP over 600 steps, a save every 200: reruns to the end
 WIDER = 'tests.e2e_experiments.TinyWiderModel'  # EXP with MODEL_DIMS 96: a config slip
 STEP_DONE = r'\[PAX STATUS\]: Step `\d+` completed'
 # Stock paxml needs the wiring flags on a non-TPU host, and both seed flags.
@@ -80,7 +83,7 @@ def preempted(tmp_path_factory):
   its job directory or work on a copy of it (one process start fewer per test). Session-scoped, so
   that a worker makes it once even when it runs another file's test between two of these."""
   root = tmp_path_factory.mktemp('preempted')
-  job = process.Job(process.ours_argv(EXP, str(root / 'job')), str(root / 'run1.log'))
+  job = process.Job(process.ours_argv(SHORT, str(root / 'job')), str(root / 'run1.log'))
   try:
     code, secs = _preempt_mid_training(job)
   finally:
@@ -114,26 +117,29 @@ def _sigterm_mid_training_commits_agreed_step_exits_143_and_resumes(jobs, preemp
   saved = [e['step'] for e in events_of(preempted.job_dir, 'save_started')]
   assert [s for s, _ in scalars['autockpt/save_blocking_s']] == saved
   assert [s for s, _ in scalars['autockpt/save_duration_s']] == saved
-  # Interval saves (every 500) may precede the on-demand one when the SIGTERM comes late.
+  # Interval saves (every 200) may precede the on-demand one when the SIGTERM comes late.
   assert saved[-1] == step
   assert scalars['autockpt/save_interval_steps'] == [(b, float(b - a)) for a, b in zip(saved, saved[1:])]
 
   # Same command again: restores N and trains to the end (Pax's final save, exit 0). The job
   # directory given relative to the working directory (OCDBT refuses relative paths: main resolves it).
   job_dir = _copy_of(preempted, tmp_path)
-  second = process.Job(process.ours_argv(EXP, 'job'), str(tmp_path / 'run2.log'), cwd=str(tmp_path))
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # `tests.` experiments from another cwd
+  path = os.pathsep.join(filter(None, (root, os.environ.get('PYTHONPATH'))))
+  second = process.Job(process.ours_argv(SHORT, 'job'), str(tmp_path / 'run2.log'), cwd=str(tmp_path),
+                       env={**os.environ, 'PYTHONPATH': path})
   jobs.append(second)
   assert second.wait(300) == 0, second.log()[-3000:]
   run = events_of_run(job_dir)
   assert run[0]['restored_step'] == step
   assert f'Model initial global_step={step}' in second.log()
-  assert run[-1] == {**run[-1], 'event': 'exit', 'code': 0, 'step': 2000}
+  assert run[-1] == {**run[-1], 'event': 'exit', 'code': 0, 'step': 600}
   complete, incomplete = checkpoint_steps(job_dir)
-  assert step in complete and 2000 in complete and incomplete == []
+  assert step in complete and 600 in complete and incomplete == []
 
 
 def test_stock_paxml_main_with_seed_flags(jobs, job_dir, tmp_path):
-  port = str(20000 + random.randrange(5000))
+  port = str(hosts.free_loopback_port())
   argv = process.stock_argv(EXP, job_dir, *SEED_FLAGS, f'--server_addr=127.0.0.1:{port}')
   first = _start(jobs, argv, str(tmp_path / 'run1.log'))
   code, _ = _preempt_mid_training(first)
@@ -203,7 +209,7 @@ def _slipped_config_moves_nothing_and_the_fixed_rerun_resumes(
   assert events_of(job_dir, 'exit')[-1]['code'] == 2 and not events_of(job_dir, 'restore_skipped')
 
   before = checkpoint_steps(job_dir)
-  second = _start(jobs, process.ours_argv(EXP, job_dir), str(tmp_path / 'run2.log'))
+  second = _start(jobs, process.ours_argv(SHORT, job_dir), str(tmp_path / 'run2.log'))
   second.wait_for_log(r'\[PAX STATUS\]: Starting checkpoint load')
   sent = second.send(signal.SIGTERM)
   assert second.wait(180) == 143, second.log()[-3000:]
