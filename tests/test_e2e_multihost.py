@@ -247,7 +247,7 @@ def test_restore_decisions_agreed_across_hosts_and_verified_on_another_topology(
   name, shard = damage.flip_a_byte(layout.step_dir(layout.checkpoint_dir(job_dir), newest), host=1)
   single = process.Job(process.ours_argv(exp, job_dir), str(tmp_path / 'single.log'))
   jobs.append(single)
-  single.wait_for_log(r'\[PAX STATUS\]: Step `\d+` completed')
+  single.wait_for_log(r'\[PAX STATUS\]: Step `\d+` completed')  # a step: launch 5 restores a 1-host checkpoint
   single.send(signal.SIGTERM)
   assert single.wait(180) == 143, single.log()[-3000:]
   skipped = [e for e in events_lib.read(job_dir, 0) if e['event'] == 'restore_skipped']
@@ -259,8 +259,10 @@ def test_restore_decisions_agreed_across_hosts_and_verified_on_another_topology(
                    single.log()), [x for x in single.log().splitlines() if 'manifest' in x]
   again = _assert_all_preempted_at_same_step(job_dir, 1, restored=start['restored_step'])
 
+  back_t = time.time()
   back = _launch(jobs, job_dir, str(tmp_path / 'launch5.log'), 2, exp=exp)
-  _wait_training(job_dir, 1, back, since=_host_log_sizes(job_dir, 2)[1])
+  for host in (0, 1):  # restored (and verified); a SIGTERM now exits before the first step
+    _wait_event(job_dir, host, 'start', back, after=back_t)
   back.send(signal.SIGTERM)
   assert back.wait(180) == 143, back.log()[-3000:]
   starts = [_run_events(job_dir, h)[0] for h in (0, 1)]
