@@ -412,10 +412,11 @@ class AutockptCheckpointer:
 
   def _on_preemption(self, step: int, state: dict[str, Any]) -> None:
     deadline = self._deadline()
-    if not self._exit_after_ondemand:
+    if not self._exit_after_ondemand:  # Pax trains on after the save; the watchdog exits 143 once it committed
       self._events.write('preemption', step=step, signal=self._preemption.signal_name, **self._signal_fields(None))
       logging.info('[autockpt] Preemption: every host agreed on step %d.', step)
       self._save_unless_committed(step, 'preemption', state)
+      self._exit_step = step
       return
     exit_plan = self._agreed_exit_plan(step, deadline)
     saved = exit_plan.kept_step if exit_plan.action == grace.KEEP_IN_FLIGHT else step

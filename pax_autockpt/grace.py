@@ -84,6 +84,9 @@ def plan(ctx: ExitContext) -> ExitPlan:
   return ExitPlan(GIVE_UP, f'{budget}: no time for a save')
 
 
+_armed: list['Watchdog'] = []  # a signal is process-wide, and so are the watchdogs it armed
+
+
 class Watchdog:
   """Calls `expire()` (which must end the process) `WATCHDOG_LEAD_SECS` before the earliest deadline it
   was armed with, unless the process has ended by then. A daemon thread: it never holds the exit up."""
@@ -93,24 +96,41 @@ class Watchdog:
     self._lock = threading.Lock()
     self.deadline: Deadline | None = None
     self._wake = threading.Event()
+    self._cancelled = False
 
   def arm(self, deadline: Deadline) -> None:
     with self._lock:
-      if self.deadline is not None and self.deadline.at <= deadline.at:
+      if self._cancelled or (self.deadline is not None and self.deadline.at <= deadline.at):
         return
       first = self.deadline is None
       self.deadline = deadline
+      _armed.append(self)
     if first:
       threading.Thread(target=self._run, name='autockpt-grace', daemon=True).start()
     else:
       self._wake.set()
 
+  def cancel(self) -> None:
+    """No expiry after all (a process that handles a signal in-process and goes on: tests)."""
+    with self._lock:
+      self._cancelled = True
+    self._wake.set()
+
   def _run(self) -> None:
     while True:
-      deadline = self.deadline
+      with self._lock:
+        if self._cancelled:
+          return
+        deadline = self.deadline
       left = deadline.remaining() - WATCHDOG_LEAD_SECS
       if left <= 0:
         self._expire(deadline)
         return
       if self._wake.wait(left):
         self._wake.clear()
+
+
+def cancel_all() -> None:
+  """Cancels every watchdog armed in this process: what forgetting a recorded signal needs too (tests)."""
+  while _armed:
+    _armed.pop().cancel()

@@ -6,6 +6,7 @@ import signal
 import pytest
 
 from pax_autockpt import events as events_lib
+from pax_autockpt import grace
 from pax_autockpt import layout
 from pax_autockpt import signals
 
@@ -51,6 +52,7 @@ def reset_signals() -> None:
   signals._state.update(interrupts=0, publish=None, forwarded=False, xla=None,  # pylint: disable=protected-access
                         xla_notified=False)
   signals._on_first.clear()  # pylint: disable=protected-access
+  grace.cancel_all()  # a watchdog armed by an in-process "signal" would end this process 299 s later
 
 
 # The files with the longest end-to-end tests, ordered by their longest single test (make test,

@@ -56,3 +56,16 @@ def test_watchdog_fires_once_before_the_earliest_deadline(monkeypatch):
   time.sleep(0.2)
   assert [g for g, _ in fired] == [0.3]
   assert 0.2 <= fired[0][1] - now < 1.0
+
+
+def test_a_cancelled_watchdog_never_fires(monkeypatch):
+  """What the tests' signal reset relies on: an in-process "SIGTERM" arms a watchdog that would end the
+  test process when its grace period runs out."""
+  monkeypatch.setattr(grace, 'WATCHDOG_LEAD_SECS', 0.05)
+  fired = []
+  dog = grace.Watchdog(fired.append)
+  dog.arm(grace.Deadline(time.time(), 0.3))
+  grace.cancel_all()
+  dog.arm(grace.Deadline(time.time(), 0.2))  # stays cancelled
+  time.sleep(0.6)
+  assert fired == []
