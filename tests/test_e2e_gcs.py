@@ -4,7 +4,6 @@ tensorstore, as on Cloud TPU), real signals, and the bucket's objects checked di
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -14,6 +13,7 @@ from pax_autockpt import events as events_lib
 from pax_autockpt import layout
 from pax_autockpt.tools import process
 from pax_autockpt.tools import report
+from pax_autockpt.tools import verify
 from tests import damage
 from tests.conftest import assert_restorable
 from tests.conftest import checkpoint_steps
@@ -64,7 +64,7 @@ def _objects_of(gcs, job_name, step):
   return {k: v for k, v in gcs.objects(f'{job_name}/checkpoints/{_name(step)}/').items()}
 
 
-def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, gcs, tmp_path):
+def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, gcs, tmp_path, capsys):
   job_name = 'single'
   job = gcs.url(job_name)
   argv = process.ours_argv(CONTINUOUS, job, '--autockpt_keep_latest=1', '--tensorstore_use_ocdbt=false')
@@ -96,9 +96,8 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
   # only its content manifest can tell), which `pax-autockpt verify` finds on the bucket too.
   name, shard = damage.flip_a_byte(layout.step_dir(layout.checkpoint_dir(job), step))
   damaged = _objects_of(gcs, job_name, step)
-  out = subprocess.run([sys.executable, '-m', 'pax_autockpt.tools.cli', 'verify', job, '--step', str(step)],
-                       capture_output=True, text=True, timeout=300)
-  assert out.returncode == 1 and f'step {step}: DAMAGED: {name} shard [{shard}]' in out.stdout, out
+  assert verify.run(job, step) == 1  # in this process: the CLI's own path is tested on local disk
+  assert f'step {step}: DAMAGED: {name} shard [{shard}]' in capsys.readouterr().out
 
   # Run 2: the same command restores the previous committed step, marks the damaged one in place.
   # Run 2 must not save at the damaged step's number, or it moves it aside to save there: continuous
@@ -161,14 +160,12 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
   assert _last_run(job, 'exit')[0]['code'] == 1
   assert checkpoint_steps(job)[0][-1] == step2 and agreed not in checkpoint_steps(job)[0]
 
-  # The report reads the bucket: text, JSON and the plot.
+  # The report reads the bucket: text, JSON and the plot (in this process: the CLI is tested on local disk).
   png = tmp_path / 'timeline.png'
-  out = subprocess.run([sys.executable, '-m', 'pax_autockpt.tools.cli', 'report', job, '--plot',
-                        str(png)], capture_output=True, text=True, timeout=300)
-  assert out.returncode == 0, out.stderr[-3000:]
-  assert f'restore skipped: 1 (steps {step})' in out.stdout and png.read_bytes()[:4] == b'\x89PNG'
-  as_json = json.loads(subprocess.run([sys.executable, '-m', 'pax_autockpt.tools.cli', 'report', job,
-                                       '--json'], capture_output=True, text=True, timeout=300).stdout)
+  assert report.run(job, plot_path=str(png)) == 0
+  assert f'restore skipped: 1 (steps {step})' in capsys.readouterr().out and png.read_bytes()[:4] == b'\x89PNG'
+  assert report.run(job, as_json=True) == 0
+  as_json = json.loads(capsys.readouterr().out)
   assert as_json['newest_checkpoint'] == step2 and as_json['exit_codes'] == {'143': 2, '1': 1}
 
 

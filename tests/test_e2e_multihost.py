@@ -94,16 +94,13 @@ def test_sigterm_to_one_host_saves_the_same_step_on_all_then_a_killed_launcher_s
   print(f'SIGTERM to host 1 -> all hosts exited in {all_exited:.2f} s; agreed step {step}')
 
   # Relaunch: every host restores that step. This time the launcher itself is SIGKILLed (no chance to
-  # forward anything): no orphans, its hosts get SIGTERM, save the same step and exit 143.
-  relaunch_t, since = time.time(), _host_log_sizes(job_dir, 2)
+  # forward anything): no orphans, its hosts get SIGTERM and exit 143 at the step they restored.
+  relaunch_t = time.time()
   second = _launch(jobs, job_dir, str(tmp_path / 'launch2.log'), 2)
   for host in (0, 1):
     _wait_event(job_dir, host, 'start', second, after=relaunch_t)
   second.wait_for_log(r'\[host 0\].*\[autockpt\] host 0/2, restoring step')
-  for host in (0, 1):
-    _wait_training(job_dir, host, second, since=since[host])
-  time.sleep(1.0)
-  second.send(signal.SIGKILL)  # the launcher only, not its hosts
+  second.send(signal.SIGKILL)  # the launcher only, not its hosts; restored, nothing trained: nothing to save
   second.wait(30)
   process.wait_until(lambda: all(_run_events(job_dir, h)[-1]['event'] == 'exit' for h in range(2)),
                      'both hosts exited', 120, 0.2)  # the launcher is gone: no job to watch
@@ -125,7 +122,7 @@ def test_two_hosts_continuous_save_the_same_steps_then_sigkill_of_one_makes_the_
   job = _launch(jobs, job_dir, str(tmp_path / 'launch.log'), 2, '--peer_exit_secs=60',
                 host_flags=('--autockpt_continuous', '--autockpt_keep_latest=3'))
   saves_on_1 = lambda: [e['step'] for e in events_lib.read(job_dir, 1) if e['event'] == 'save_started']
-  process.wait_until(lambda: len(saves_on_1()) >= 8, '8 saves on host 1', every=0.2, job=job)
+  process.wait_until(lambda: len(saves_on_1()) >= 6, '6 saves on host 1', every=0.2, job=job)
   saves = len(saves_on_1())
   process.wait_until(lambda: len([e for e in events_lib.read(job_dir, 1) if e['event'] == 'save_started']) > saves,
                      'a save started on host 1', 60, 0.01, job)
@@ -141,7 +138,7 @@ def test_two_hosts_continuous_save_the_same_steps_then_sigkill_of_one_makes_the_
   assert took < 65, f'peers took {took:.1f} s to go after a SIGKILL'
   print(f'SIGKILL of host 1 -> launcher exit {code} after {took:.2f} s')
   steps = [[e['step'] for e in events_lib.read(job_dir, h) if e['event'] == 'save_started'] for h in (0, 1)]
-  assert steps[1] == steps[0][:len(steps[1])] and len(steps[0]) - len(steps[1]) <= 1, steps
+  assert len(steps[1]) >= 6 and steps[1] == steps[0][:len(steps[1])] and len(steps[0]) - len(steps[1]) <= 1, steps
   assert [e for e in events_lib.read(job_dir, 1) if e['event'] == 'deleted'] == []  # the primary deletes
   assert [e for e in events_lib.read(job_dir, 0) if e['event'] == 'deleted']
   complete, _ = checkpoint_steps(job_dir)
@@ -211,7 +208,6 @@ def test_restore_decisions_agreed_across_hosts_and_verified_on_another_topology(
   exp = 'pax_autockpt.tools.bench_experiments.TinyModelParallelAutockpt'
   first = _launch(jobs, job_dir, str(tmp_path / 'launch1.log'), 2, exp=exp)
   _wait_training(job_dir, 1, first)
-  time.sleep(1.0)
   first.send(signal.SIGTERM)
   assert first.wait(180) == 143, first.log()[-3000:]
   step = _assert_all_preempted_at_same_step(job_dir, 2, restored=None)
