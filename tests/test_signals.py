@@ -161,8 +161,9 @@ def test_a_forked_child_s_ctrl_c_is_not_counted_as_ours():
 
 def test_sigterm_arrival_is_recorded_in_front_of_xla_s_notifier_which_still_agrees(tmp_path):
   """Real jax.distributed (one process): XLA's C-level notifier owns SIGTERM and notices it only when its
-  listener next polls. After hand_over ours is in front: the arrival is recorded within milliseconds, with
-  the main thread stuck in C, and XLA's preemption sync point is still reached (once, for two SIGTERMs)."""
+  listener next polls (~1 s). After hand_over ours is in front: the arrival is recorded within milliseconds
+  (< 300 ms allowed on a loaded machine) with the main thread stuck in C, and XLA's preemption sync point is
+  still reached (once, for two SIGTERMs)."""
   script = textwrap.dedent('''
       import ctypes, os, signal, threading, time
       import jax
@@ -192,7 +193,7 @@ def test_sigterm_arrival_is_recorded_in_front_of_xla_s_notifier_which_still_agre
   out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=120, cwd=os.getcwd())
   words = out.stdout.split()
   assert words[:1] == ['lag_ms'], out.stderr[-3000:]
-  assert 0 <= int(words[1]) < 100 and words[3] == str(int(signal.SIGTERM)) and words[5] == 'True', out.stdout
+  assert 0 <= int(words[1]) < 300 and words[3] == str(int(signal.SIGTERM)) and words[5] == 'True', out.stdout
 
 
 def _free_port() -> int:
