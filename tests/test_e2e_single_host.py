@@ -179,7 +179,7 @@ def _assert_nothing_trained_nothing_saved(job, job_dir, *, restored, sent) -> fl
   assert start['restored_step'] == restored
   assert preemption == {**preemption, 'step': step, 'plan': 'nothing_to_save', 'saved_step': restored,
                         'signal': 'SIGTERM', 'grace_s': 300.0}
-  assert sent - 0.05 <= preemption['signal_at'] <= sent + 0.5, (sent, preemption)
+  assert sent - 0.05 <= preemption['signal_at'] <= sent + 1.0, (sent, preemption)  # the arrival, not the agreement
   assert exit_ == {**exit_, 'code': 143, 'step': step}
   assert 'Finished XLA compilation of pjit(_wrapped_step_fn)' not in job.log()
   return exit_['t'] - preemption['signal_at']
