@@ -10,6 +10,7 @@ import time
 import pytest
 
 from pax_autockpt import events as events_lib
+from pax_autockpt import hosts
 from pax_autockpt import layout
 from pax_autockpt.tools import process
 from pax_autockpt.tools import report
@@ -136,7 +137,7 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
   # comes: exit 1 with one line naming the newest committed step, never 143.
   stock = _run(jobs, process.stock_argv(CONTINUOUS, job, '--jax_fully_async_checkpoint',
                                         '--exit_after_ondemand_checkpoint', '--num_hosts=1',
-                                        '--host_idx=0', f'--server_addr=127.0.0.1:{_free_port()}'),
+                                        '--host_idx=0', f'--server_addr=127.0.0.1:{hosts.free_loopback_port()}'),
                str(tmp_path / 'run3.log'))
   stock.wait_for_log(STEP_DONE, timeout=300)
   assert _last_run(job, 'start')[0]['restored_step'] == step2
@@ -167,11 +168,6 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
   assert report.run(job, as_json=True) == 0
   as_json = json.loads(capsys.readouterr().out)
   assert as_json['newest_checkpoint'] == step2 and as_json['exit_codes'] == {'143': 2, '1': 1}
-
-
-def _free_port() -> int:
-  from pax_autockpt import hosts  # pylint: disable=g-import-not-at-top
-  return hosts.free_loopback_port()
 
 
 def _launch_two(jobs, job, log, ready) -> process.Job:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from pax_autockpt import hosts
 from pax_autockpt import preemption
 from pax_autockpt import signals
 
@@ -189,13 +190,8 @@ def test_sigterm_arrival_is_recorded_in_front_of_xla_s_notifier_which_still_agre
         time.sleep(0.01)
       print('lag_ms', round((signals.received()[1] - sent[0]) * 1000), 'signal', int(signals.received()[0]),
             'agreed', i < 1000, flush=True)
-  ''' % _free_port())
+  ''' % hosts.free_loopback_port())
   out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=120, cwd=os.getcwd())
   words = out.stdout.split()
   assert words[:1] == ['lag_ms'], out.stderr[-3000:]
   assert 0 <= int(words[1]) < 300 and words[3] == str(int(signal.SIGTERM)) and words[5] == 'True', out.stdout
-
-
-def _free_port() -> int:
-  from pax_autockpt import hosts  # pylint: disable=g-import-not-at-top
-  return hosts.free_loopback_port()

