@@ -41,7 +41,6 @@ class AutockptExecutor(executors.DefaultExecutor):
     logging.info('[autockpt] host %d/%d, %s, settings: %s', jax.process_index(), jax.process_count(),
                  'no checkpoint: starting fresh' if step is None else f'restoring step {step}',
                  settings_lib.describe(self._settings))
-    warn_if_cpu_compilation_cache()
     try:
       super().setup(jax_task, job_log_dir, wrapped, *args,
                     exit_after_ondemand_checkpoint=exit_after_ondemand_checkpoint, **kwargs)
@@ -98,21 +97,6 @@ class AutockptExecutor(executors.DefaultExecutor):
       sys.stderr.flush()
       os._exit(code)  # pylint: disable=protected-access
     sys.exit(code)
-
-
-def warn_if_cpu_compilation_cache() -> None:
-  """With jax 0.4.26 on CPU, an executable loaded from JAX's persistent compilation cache writes a
-  donated buffer in place even where it is NumPy's memory (a freshly compiled one copies it first), and
-  Pax's train step donates its state, which a restore leaves in NumPy memory: restored runs aborted
-  at their first step here ('corrupted double-linked list')."""
-  if _compilation_cache_dir() and jax.default_backend() == 'cpu':
-    logging.warning('[autockpt] JAX_COMPILATION_CACHE_DIR / --jax_compilation_cache_dir is set on CPU: with '
-                    'jax %s, cached executables write donated NumPy memory in place and restored runs abort; '
-                    'unset it for CPU runs.', jax.__version__)
-
-
-def _compilation_cache_dir() -> str | None:
-  return jax.config.jax_compilation_cache_dir  # --jax_compilation_cache_dir or JAX_COMPILATION_CACHE_DIR
 
 
 def _out_of_space(error: BaseException) -> bool:

@@ -23,6 +23,7 @@ from etils import epath
 import jax
 
 from pax_autockpt import agreement
+from pax_autockpt import compilation_cache
 from pax_autockpt import events as events_lib
 from pax_autockpt import failures
 from pax_autockpt import integrity
@@ -192,7 +193,7 @@ class Restorer:
         found = agree(f'{self._key}/verify', self._host, self._verify(step, restored[0]))
       if found is None:
         logging.info('[autockpt] checkpoint %d restored in %.3f s.', step, time.time() - began)
-        return restored
+        return (compilation_cache.owned_by_xla(restored[0]), *restored[1:])
       tries = self._act(step, found, tries)
 
   def _input_to_restore(self, step: int, pipeline: Any) -> Any:

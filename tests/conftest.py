@@ -2,6 +2,7 @@
 
 import os
 import signal
+import tempfile
 
 import pytest
 
@@ -63,6 +64,18 @@ _SLOWEST_FIRST = ('test_e2e_exact_resume.py', 'test_e2e_gcs.py', 'test_e2e_multi
                   'test_e2e_ctrl_c.py', 'test_e2e_continuous.py', 'test_e2e_notices.py',
                   'test_e2e_restore_fallback.py', 'test_e2e_policies.py', 'test_e2e_disk_full.py',
                   'test_bad_input.py')
+
+
+def pytest_configure(config):
+  """Every training process the suite starts shares one JAX persistent compilation cache: ~9 s less per
+  process after the first of each experiment (the train step alone compiles in ~6.7 s here). Safe on
+  CPU because a restored state is copied out of NumPy's memory first (pax_autockpt.compilation_cache).
+  A path of the caller's own wins; each machine user gets one directory, kept between runs (entries
+  are keyed by the program, jax version and flags, and checksummed)."""
+  del config
+  os.environ.setdefault('JAX_COMPILATION_CACHE_DIR',
+                        os.path.join(tempfile.gettempdir(), f'pax-autockpt-jax-cache-{os.getuid()}'))
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 
 
 def pytest_collection_modifyitems(items):

@@ -32,9 +32,9 @@ print(out.unsafe_buffer_pointer() == host.ctypes.data)
 
 
 def test_jax_0_4_26_cached_executables_write_donated_numpy_memory_in_place(tmp_path):
-  """Why pax_autockpt.executor warns about the compilation cache on CPU: compiled, the donated NumPy
+  """Why pax_autockpt.compilation_cache copies a restored state on CPU: compiled, the donated NumPy
   buffer is copied first; loaded from the cache, the output lands in NumPy's memory (which NumPy frees
-  while JAX still uses it). When this fails, jax no longer does it and the warning can go."""
+  while JAX still uses it). When this fails, jax no longer does it and the copy can go."""
   env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
              JAX_PLATFORMS='cpu')
   runs = [subprocess.run([sys.executable, '-c', _DONATE], env=env, capture_output=True, text=True, timeout=120)

@@ -137,13 +137,3 @@ def test_normal_end_writes_exit_0(run, job):
   run(loop)
   assert [(e['code'], e['step']) for e in fakes.events(job, 'exit')] == [(0, 20)]
   assert fakes.events(job)[-1]['event'] == 'exit'
-
-
-def test_the_compilation_cache_on_cpu_is_warned_about(caplog, monkeypatch, tmp_path):
-  """See tests/test_dependencies.py for the jax behaviour behind the warning."""
-  executor_lib.warn_if_cpu_compilation_cache()
-  assert not [r for r in caplog.records if 'JAX_COMPILATION_CACHE_DIR' in r.getMessage()]
-  monkeypatch.setattr(executor_lib, '_compilation_cache_dir', lambda: str(tmp_path))
-  executor_lib.warn_if_cpu_compilation_cache()
-  warned, = [r for r in caplog.records if 'JAX_COMPILATION_CACHE_DIR' in r.getMessage()]
-  assert warned.levelno == logging.WARNING and 'restored runs abort' in warned.getMessage()
