@@ -156,6 +156,7 @@ class BackgroundSaves:
     self._launched: tuple[int, float] | None = None  # (step, start) of the save in flight
     self._before_commit = before_commit
     self.last_save = False  # set by the checkpointer for a save after which no step runs: no copy
+    self.uncompressed = False  # set by the checkpointer: the next save writes its array chunks raw
     self.captured_bytes = 0  # the array bytes this host writes in the newest captured save
     if before_commit is not None:
       internals.write_before_commit(orbax_manager, self._write_before_commit)
@@ -177,7 +178,7 @@ class BackgroundSaves:
     items = snapshot(items, copy=not self.last_save)
     self.captured_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(items.get('state'))
                               if isinstance(x, HostArray))
-    self._pending = (step, dict(items=items, save_kwargs=save_kwargs, force=force))
+    self._pending = (step, dict(items=items, save_kwargs=save_kwargs, force=force, uncompressed=self.uncompressed))
     return True
 
   def launch(self, started: Started, done: Done) -> int | None:
@@ -198,8 +199,9 @@ class BackgroundSaves:
     try:
       started(step)
       self._saving = (step, kwargs['items'])
-      self._orbax_save(step, **kwargs)
-      self._manager.wait_until_finished()  # the commit; raises its error and drops the step if it failed
+      with internals.uncompressed_chunks(kwargs.pop('uncompressed')):
+        self._orbax_save(step, **kwargs)
+        self._manager.wait_until_finished()  # the commit; raises its error and drops the step if it failed
     except BaseException as e:  # pylint: disable=broad-except
       error = e
     finally:

@@ -74,6 +74,7 @@ class AutockptCheckpointer:
     self._notices = notices.NoticeAgreement(events.host, distributed.global_state.client, jax.process_count())
     notices.watch(settings.notices, self._notices.announce)
     self._checksums = settings.checksums
+    self._compression = settings.compression
     self._use_ocdbt = internals.uses_ocdbt(inner)
     self._background = background_save.BackgroundSaves(
         self._orbax_manager, before_commit=self._write_manifest if settings.checksums else None)
@@ -250,6 +251,7 @@ class AutockptCheckpointer:
     try:
       self._free_name(step)
       self._background.last_save = last
+      self._background.uncompressed = self._compression == 'none' or (self._compression == 'auto' and last)
       self._inner.save_final(step, **state)  # Pax builds its items; orbax's save() takes the snapshot
     except Exception as e:  # pylint: disable=broad-except
       logging.error('[autockpt] %s save of step %d failed to start (%s); the newest committed checkpoint '

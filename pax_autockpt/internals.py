@@ -228,3 +228,39 @@ def input_handler_without_collectives(orbax_manager: Any, item: str) -> None:
   wrapper = handlers.get(item)
   if wrapper is not None and isinstance(wrapper._handler, checkpoints.BaseInputCheckpointHandler):  # pylint: disable=protected-access
     wrapper._handler = InputHandler()  # pylint: disable=protected-access
+
+
+_uncompressed = threading.Event()  # set while a save that writes its chunks uncompressed runs
+
+
+@contextlib.contextmanager
+def uncompressed_chunks(on: bool = True):
+  """Within: orbax 0.5.9 writes each array chunk without zstd, which it sets for every array in
+  `type_handlers._build_ts_zarr_shard_and_chunk_metadata` (zarr's `compressor`, zarr3's codec list).
+  Saves run one at a time per process (pax_autockpt.background_save), so a process-wide switch is
+  enough, and it reaches orbax's and tensorstore's own threads. Restores read each array's stored
+  metadata, so checkpoints with and without compression restore alike."""
+  from orbax.checkpoint import type_handlers  # pylint: disable=g-import-not-at-top
+  build = type_handlers._build_ts_zarr_shard_and_chunk_metadata  # pylint: disable=protected-access
+  if not getattr(build, 'autockpt', False):
+    type_handlers._build_ts_zarr_shard_and_chunk_metadata = _honouring_uncompressed(build)  # pylint: disable=protected-access
+  if on:
+    _uncompressed.set()
+  try:
+    yield
+  finally:
+    _uncompressed.clear()
+
+
+def _honouring_uncompressed(build: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+  def metadata(*args, **kwargs):
+    got = build(*args, **kwargs)
+    if _uncompressed.is_set():
+      if 'compressor' in got:
+        got['compressor'] = None  # zarr v2: raw chunks
+      for codec in got.get('codecs', []):
+        inner = codec.get('configuration', {})
+        inner['codecs'] = [c for c in inner.get('codecs', []) if c.get('name') != 'zstd']
+    return got
+  metadata.autockpt = True
+  return metadata

@@ -144,6 +144,10 @@ class Settings:
   grace_secs: float = option(300.0, "seconds from SIGTERM's arrival to the scheduler's SIGKILL (Cloud TPU 300; "
                              "Spot VMs ~30; GKE's terminationGracePeriodSeconds; Slurm's --signal=TERM@N): the "
                              "exit path saves only what fits and always ends before it", rule=_seconds_above_0)
+  compression: str = option('auto', "zstd for array chunks, which orbax 0.5.9 sets for every array: 'auto' (every "
+                            "save but the one a signal's exit waits for, written raw: float weights shrink by "
+                            "little and the grace period is short), 'zstd' (every save), 'none' (no save); "
+                            "checkpoints of either kind restore alike", rule=_choice('auto', 'zstd', 'none'))
   save_policy: Any = option(None, 'any save-decision policy object, or a `pax_fiddle.Config` of one',
                             rule=_save_policy, flag=False,
                             replaced_by=('continuous', 'min_interval_secs', 'mtbf_hours'))

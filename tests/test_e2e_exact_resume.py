@@ -9,6 +9,7 @@ training thread, continuous saves stored positions 4-11 batches ahead of their s
 """
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -95,6 +96,7 @@ def test_stopped_four_ways_and_resumed_ends_identical_to_an_uninterrupted_run(jo
     chain.restored(resume_from)
     first = resume_from
     resume_from = _assert_all_preempted_at_same_step(chain.job_dir, 1, resume_from, signal_name='SIGTERM')
+    sigterm_step = resume_from
     assert (f'[autockpt] run summary: trained steps {first} to {resume_from}, 1 checkpoint(s) committed '
             f'({resume_from}), newest committed {resume_from}; exit 143; rerunning the same command resumes from '
             f'step {resume_from}.') in run.log()
@@ -133,6 +135,9 @@ def test_stopped_four_ways_and_resumed_ends_identical_to_an_uninterrupted_run(jo
 
   committed, incomplete = checkpoint_steps(chain.job_dir)
   assert incomplete == [] and FINAL in committed
+  # The save the SIGTERM's exit waited for wrote raw chunks, the others zstd (--autockpt_compression=auto):
+  # runs restored both kinds, and the end is still identical (below).
+  assert _compressors(chain.job_dir, sigterm_step) == [None] and _compressors(chain.job_dir, FINAL) == ['zstd']
   for step in committed:  # every save's input position is its own step's, whatever kind of save it was
     path = layout.step_dir(layout.checkpoint_dir(chain.job_dir), step) / 'train_input' / 'process_0-of-1'
     assert tfrecord_lm_input.position(path.read_bytes()) == step, step
@@ -141,6 +146,14 @@ def test_stopped_four_ways_and_resumed_ends_identical_to_an_uninterrupted_run(jo
   assert verify.returncode == 0, verify.stdout + verify.stderr
   assert re.fullmatch(rf'step {FINAL}: identical to \S+ \(54 arrays, 54 shards, 1 input states, [\d.]+ s\)\n',
                       verify.stdout)
+
+
+def _compressors(job_dir, step):
+  """The distinct zarr compressors of a checkpoint's arrays."""
+  state = layout.step_dir(layout.checkpoint_dir(job_dir), step) / 'state'
+  found = {(json.loads(p.read_text())['compressor'] or {}).get('id') for p in state.glob('*/.zarray')}
+  assert found, f'no zarr arrays in {state}'
+  return sorted(found, key=str)
 
 
 def _verify_against(job_dir, other):
