@@ -131,6 +131,7 @@ def local_gcs(tmp_path_factory):
   saved = dict(os.environ)
   os.environ.update(gcs.env())
   os.environ['GCS_STAT_CACHE_MAX_AGE'] = '0'  # the checks here must see other processes' writes at once
+  os.environ['GCS_READ_CACHE_MAX_SIZE_MB'] = '0'  # nor TensorFlow's block cache of what it read before
   os.environ['TF_CPP_MIN_LOG_LEVEL'] = '1'  # not one INFO line per anonymous request
   try:
     yield gcs

@@ -201,8 +201,27 @@ def test_two_hosts_on_one_bucket_sigterm_to_host_1_only_ocdbt_by_default_and_res
                      f'both hosts restored step {step}', 60, 1.0, relaunch)  # start events upload in the background
   relaunch.send(signal.SIGTERM)
   assert relaunch.wait(180) == 143, relaunch.log()[-3000:]
-  again = {events_of(job, 'preemption', host=h)[-1]['step'] for h in (0, 1)}
+  # The relaunch's own preemption events, read until both hosts' show (one read once returned host 1's
+  # part as it was before the signal: {1, 2}, while both hosts' logs said step 2).
+  again = process.wait_until(lambda: _relaunch_preemptions(job, step), 'both hosts\' preemption events of the relaunch',
+                             30, 0.5)
   assert len(again) == 1 and again.pop() >= step, again
+
+
+def _relaunch_preemptions(job, restored: int) -> set[int] | None:
+  """The steps of the preemption events of the run that restored `restored`, on both hosts; None until
+  both are there."""
+  steps = set()
+  for host in (0, 1):
+    evs = events_lib.read(job, host)
+    newest = max(i for i, e in enumerate(evs) if e['event'] == 'start')
+    mine = [e['step'] for e in evs[newest:] if e['event'] == 'preemption']
+    if evs[newest].get('restored_step') != restored:
+      return None
+    if not mine:
+      return None
+    steps.add(mine[-1])
+  return steps
 
 
 def _in_flight(job) -> bool:

@@ -8,7 +8,9 @@ bench/results.json, from which bench/results.md is written.
 Storages: `local` (this disk), `gcs0` and `gcs30` (pax_autockpt.tools.local_gcs with 0 and 30 ms per
 request). Scenarios (see scenarios.py): tiny_<storage> (step time with continuous saving vs off, loop
 blocking, save duration, interval, requests per save), ondemand_<size>_<storage> (the on-demand save vs
-the storage's own limit for the same bytes), stock_<size> (SIGTERM -> exit vs stock paxml), restart,
+the storage's own limit for the same bytes), ondemandzstd_<size>_<storage> (the on-demand save written
+raw vs with zstd), inflight_<size>_<storage> (SIGTERM during a continuous save, with a grace budget that
+holds a new save and one that does not), stock_<size> (SIGTERM -> exit vs stock paxml), restart,
 hook, decision, formats_<storage> (zarr vs OCDBT), notices_<size> (notice -> committed), noticestart
 (start-up with notices auto and no server vs off), checksums (the manifest's cost), verification
 (restore + manifest check vs restore), adaptive (the self-set interval against the Young/Daly
@@ -32,7 +34,8 @@ from pax_autockpt.tools.bench import scenarios
 STORAGES = {'local': None, 'gcs0': 0.0, 'gcs30': 30.0}
 DEFAULT = ('tiny_local,tiny_gcs0,tiny_gcs30,ondemand_Medium_local,ondemand_Large_local,ondemand_Medium_gcs0,'
            'ondemand_Medium_gcs30,stock_Medium,restart,hook,decision,formats_local,formats_gcs30,notices_Tiny,'
-           'notices_Medium,noticestart,checksums,verification,adaptive')
+           'notices_Medium,noticestart,checksums,verification,adaptive,ondemandzstd_Large_local,ondemandzstd_Medium_gcs30,'
+           'inflight_Large_gcs30')
 
 
 def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
@@ -41,6 +44,10 @@ def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
     return scenarios.tiny_saves(storage, args.pairs, args.secs)
   if kind == 'ondemand':
     return scenarios.on_demand(storage, rest[0], args.pairs)
+  if kind == 'ondemandzstd':
+    return scenarios.on_demand_zstd(storage, rest[0], args.pairs)
+  if kind == 'inflight':
+    return scenarios.sigterm_in_flight(storage, rest[0], args.pairs)
   if kind == 'stock':
     return scenarios.sigterm_vs_stock(storage, rest[0], args.pairs)
   if kind == 'restart':

@@ -2,9 +2,12 @@
 
 import os
 import re
+import signal
+import statistics
 import sys
 import time
 
+from pax_autockpt import events as events_lib
 from pax_autockpt import layout
 from pax_autockpt.tools import process
 from pax_autockpt.tools.bench import measure
@@ -89,6 +92,89 @@ def tiny_saves(storage: Storage, pairs: int, secs: float, fmt: tuple[str, ...] =
     if any(v is not None for v in values):
       figures.append(Figure(f'{label}, continuous (no minimum), {where}', unit, values))
   return figures
+
+
+def on_demand_zstd(storage: Storage, size: str, pairs: int) -> list[Figure]:
+  """The on-demand save written raw (the default) against the same save with zstd, as orbax 0.5.9 writes
+  every array; each with its own baseline beside it."""
+  raw, zstd = [], []
+  for i in range(pairs):
+    raw.append(_on_demand_run(storage, size, i, ()))
+    zstd.append(_on_demand_run(storage, size, i, ('--autockpt_compression=zstd',), 'zstd'))
+  where = f'{size} ({raw[0]["bytes"] / 1e6:.0f} MB raw, {zstd[0]["bytes"] / 1e6:.0f} MB zstd), {storage.name}'
+  what = 'single-object upload' if storage.is_gcs else 'raw write + fsync'
+  return [Figure(f'on-demand save, raw chunks vs zstd, {where}', 's', [r['save'] for r in raw],
+                 [z['save'] for z in zstd], 'zstd'),
+          Figure(f'on-demand save, raw chunks, vs {what}, {where}', 's', [r['save'] for r in raw],
+                 [r['base'] for r in raw], what),
+          Figure(f'on-demand save, zstd, vs {what}, {where}', 's', [z['save'] for z in zstd],
+                 [z['base'] for z in zstd], what),
+          Figure(f'SIGTERM -> exit 143, raw chunks vs zstd, {where}', 's', [r['exit'] for r in raw],
+                 [z['exit'] for z in zstd], 'zstd')]
+
+
+def _on_demand_run(storage: Storage, size: str, i: int, flags: tuple[str, ...], label: str = 'raw') -> dict:
+  run = measure.timed_run(storage, ours(f'{size}Autockpt', *flags), f'od{label}-{size}-{storage.name}-{i}',
+                          train_secs=3, preempt=True)
+  step = [e['step'] for e in run.events if e['event'] == 'preemption'][0]
+  got = dict(save=run.committed().get(step), exit=run.sigterm_to_exit_s, bytes=storage.step_bytes(run.job_dir, step))
+  storage.clean(run.job_dir)
+  got['base'] = storage.baseline_write_secs(got['bytes'])
+  measure.say(f'on-demand {label} {size} {storage.name} #{i}: exit {run.code}, save {got["save"]} s for '
+              f'{got["bytes"] / 1e6:.0f} MB, SIGTERM -> exit {got["exit"]:.2f} s, baseline {got["base"]:.2f} s')
+  return got
+
+
+def sigterm_in_flight(storage: Storage, size: str, pairs: int) -> list[Figure]:
+  """SIGTERM while a continuous save is in flight, alternating a grace budget that holds the save in flight
+  and a new one (300 s: the agreed step is saved) with one that does not (the first run's measured save
+  duration + 10 s: the save in flight commits and the process exits 143 naming it, inside the budget)."""
+  exit_s = {'long': [], 'short': []}
+  kept, short_budget = [], None
+  for i in range(pairs):
+    for arm in ('long', 'short'):
+      budget = 300.0 if arm == 'long' else short_budget
+      run = _sigterm_mid_save(storage, size, f'inflight-{arm}-{size}-{storage.name}-{i}', budget)
+      exit_s[arm].append(run['exit'])
+      if arm == 'long' and short_budget is None:
+        short_budget = round(run['save_s'] + 10.0)
+      if arm == 'short':
+        kept.append(1.0 if run['plan'] == 'keep_in_flight' and run['committed'] == run['in_flight'] else 0.0)
+      measure.say(f'in flight {arm} (budget {budget:.0f} s) #{i}: {run}')
+  where = f'{size}, {storage.name}'
+  return [Figure(f'SIGTERM during a continuous save -> exit 143, budget 300 s (the agreed step saved), {where}',
+                 's', exit_s['long']),
+          Figure(f'SIGTERM during a continuous save -> exit 143, budget {short_budget:.0f} s (too short for a new '
+                 f'save), {where}', 's', exit_s['short']),
+          Figure(f'runs whose save in flight committed and was the exit step, short budget, {where}', 'share',
+                 kept)]
+
+
+def _sigterm_mid_save(storage: Storage, size: str, name: str, budget: float) -> dict:
+  """A continuous run SIGTERMed once one save committed and the next is in flight."""
+  job_dir = storage.job_dir(name)
+  storage.begin()
+  job = process.Job([*ours(f'{size}Autockpt', *CONTINUOUS, f'--autockpt_grace_secs={budget}'),
+                     f'--job_log_dir={job_dir}'], os.path.join(storage.workdir, f'{name}.log'), env=storage.env())
+  try:
+    def in_flight():
+      events = events_lib.read(job_dir)
+      done = {e['step'] for e in events if e['event'] == 'save_committed'}
+      started = [e['step'] for e in events if e['event'] == 'save_started' and e['reason'] == 'continuous']
+      return started and done & set(started) and started[-1] not in done and started[-1]
+    step = process.wait_until(in_flight, 'a continuous save in flight after one committed', 900, 0.05, job)
+    sent = job.send(signal.SIGTERM)
+    code = job.wait(900)
+    took = time.time() - sent
+  finally:
+    job.kill()
+  events = events_lib.read(job_dir)
+  preemption = [e for e in events if e['event'] == 'preemption'][-1]
+  committed = {e['step']: e['duration_s'] for e in events if e['event'] == 'save_committed'}
+  storage.clean(job_dir)
+  saved = preemption.get('saved_step')
+  return dict(code=code, exit=took, in_flight=step, plan=preemption.get('plan'), agreed=preemption['step'],
+              committed=saved if saved in committed else None, save_s=statistics.median(committed.values()))
 
 
 def on_demand(storage: Storage, size: str, pairs: int, fmt: tuple[str, ...] = ()) -> list[Figure]:
