@@ -155,7 +155,8 @@ def _sigterm_mid_save(storage: Storage, size: str, name: str, budget: float) -> 
   """A continuous run SIGTERMed once one save committed and the next is in flight."""
   job_dir = storage.job_dir(name)
   storage.begin()
-  job = process.Job([*ours(f'{size}Autockpt', *CONTINUOUS, f'--autockpt_grace_secs={budget}'),
+  job = process.Job([*ours(f'{size}Autockpt', '--autockpt_continuous', '--autockpt_keep_latest=1',
+                          f'--autockpt_grace_secs={budget}'),
                      f'--job_log_dir={job_dir}'], os.path.join(storage.workdir, f'{name}.log'), env=storage.env())
   try:
     def in_flight():
