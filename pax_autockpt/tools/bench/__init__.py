@@ -48,6 +48,8 @@ def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
     return scenarios.on_demand_zstd(storage, rest[0], args.pairs)
   if kind == 'inflight':
     return scenarios.sigterm_in_flight(storage, rest[0], args.pairs)
+  if kind == 'inflightwide':  # a short budget the plan still saves in: twice the save + 5 s
+    return scenarios.sigterm_in_flight(storage, rest[0], args.pairs, short_extra_s=None)
   if kind == 'stock':
     return scenarios.sigterm_vs_stock(storage, rest[0], args.pairs)
   if kind == 'restart':
