@@ -150,7 +150,7 @@ class BackgroundSaves:
     self._manager = orbax_manager
     self._orbax_save = orbax_manager.save
     orbax_manager.save = self.capture
-    self._pending: tuple[int, dict[str, Any]] | None = None
+    self._pending: tuple[int, dict[str, Any], bool] | None = None  # step, orbax's save kwargs, uncompressed
     self._saving: tuple[int, dict[str, Any]] | None = None  # the save the background thread is running
     self._thread: threading.Thread | None = None
     self._launched: tuple[int, float] | None = None  # (step, start) of the save in flight
@@ -178,7 +178,7 @@ class BackgroundSaves:
     items = snapshot(items, copy=not self.last_save)
     self.captured_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(items.get('state'))
                               if isinstance(x, HostArray))
-    self._pending = (step, dict(items=items, save_kwargs=save_kwargs, force=force, uncompressed=self.uncompressed))
+    self._pending = (step, dict(items=items, save_kwargs=save_kwargs, force=force), self.uncompressed)
     return True
 
   def launch(self, started: Started, done: Done) -> int | None:
@@ -186,20 +186,20 @@ class BackgroundSaves:
     `done(step, error)`. Returns the step, or None when nothing was captured."""
     if self._pending is None:
       return None
-    step, kwargs = self._pending
+    step, kwargs, uncompressed = self._pending
     self._pending = None
     self._launched = (step, time.time())
-    self._thread = threading.Thread(target=self._finish, args=(step, kwargs, started, done),
+    self._thread = threading.Thread(target=self._finish, args=(step, kwargs, uncompressed, started, done),
                                     name=f'autockpt-save-{step}', daemon=True)
     self._thread.start()
     return step
 
-  def _finish(self, step: int, kwargs: dict[str, Any], started: Started, done: Done) -> None:
+  def _finish(self, step: int, kwargs: dict[str, Any], uncompressed: bool, started: Started, done: Done) -> None:
     error = None
     try:
       started(step)
       self._saving = (step, kwargs['items'])
-      with internals.uncompressed_chunks(kwargs.pop('uncompressed')):
+      with internals.uncompressed_chunks(uncompressed):
         self._orbax_save(step, **kwargs)
         self._manager.wait_until_finished()  # the commit; raises its error and drops the step if it failed
     except BaseException as e:  # pylint: disable=broad-except

@@ -33,8 +33,7 @@ def owned_by_xla(train_state: Any) -> Any:
   if not enabled_on_cpu():
     return train_state
   leaves, treedef = jax.tree_util.tree_flatten(train_state)
-  where = [i for i, x in enumerate(leaves)
-           if isinstance(x, jax.Array) and any(d.platform == 'cpu' for d in x.sharding.device_set)]
+  where = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]  # all on CPU, the backend
   if not where:
     return train_state
   arrays = [leaves[i] for i in where]

@@ -49,7 +49,7 @@ def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
   if kind == 'inflight':
     return scenarios.sigterm_in_flight(storage, rest[0], args.pairs)
   if kind == 'inflightwide':  # a short budget the plan still saves in: twice the save + 5 s
-    return scenarios.sigterm_in_flight(storage, rest[0], args.pairs, short_extra_s=None)
+    return scenarios.sigterm_in_flight(storage, rest[0], args.pairs, short=(2.0, 5.0))
   if kind == 'stock':
     return scenarios.sigterm_vs_stock(storage, rest[0], args.pairs)
   if kind == 'restart':

@@ -99,7 +99,7 @@ def on_demand_zstd(storage: Storage, size: str, pairs: int) -> list[Figure]:
   every array; each with its own baseline beside it."""
   raw, zstd = [], []
   for i in range(pairs):
-    raw.append(_on_demand_run(storage, size, i, ()))
+    raw.append(_on_demand_run(storage, size, i, (), 'raw'))
     zstd.append(_on_demand_run(storage, size, i, ('--autockpt_compression=zstd',), 'zstd'))
   where = f'{size} ({raw[0]["bytes"] / 1e6:.0f} MB raw, {zstd[0]["bytes"] / 1e6:.0f} MB zstd), {storage.name}'
   what = 'single-object upload' if storage.is_gcs else 'raw write + fsync'
@@ -113,39 +113,47 @@ def on_demand_zstd(storage: Storage, size: str, pairs: int) -> list[Figure]:
                  [z['exit'] for z in zstd], 'zstd')]
 
 
-def _on_demand_run(storage: Storage, size: str, i: int, flags: tuple[str, ...], label: str = 'raw') -> dict:
+def _on_demand_run(storage: Storage, size: str, i: int, flags: tuple[str, ...], label: str = '') -> dict:
+  """One run SIGTERMed after 3 s of training: its on-demand save, the loop's wait for it, SIGTERM -> exit,
+  the run's storage requests, and the storage's own time for the same bytes, measured right after."""
   run = measure.timed_run(storage, ours(f'{size}Autockpt', *flags), f'od{label}-{size}-{storage.name}-{i}',
                           train_secs=3, preempt=True)
   step = [e['step'] for e in run.events if e['event'] == 'preemption'][0]
-  got = dict(save=run.committed().get(step), exit=run.sigterm_to_exit_s, bytes=storage.step_bytes(run.job_dir, step))
+  started = [e for e in run.saves('preemption') if e['step'] == step]
+  got = dict(save=run.committed().get(step), blocked=started[0]['blocking_s'] if started else None,
+             exit=run.sigterm_to_exit_s, requests=run.checkpoint_requests, bytes=storage.step_bytes(run.job_dir, step))
   storage.clean(run.job_dir)
   got['base'] = storage.baseline_write_secs(got['bytes'])
-  measure.say(f'on-demand {label} {size} {storage.name} #{i}: exit {run.code}, save {got["save"]} s for '
-              f'{got["bytes"] / 1e6:.0f} MB, SIGTERM -> exit {got["exit"]:.2f} s, baseline {got["base"]:.2f} s')
+  measure.say(f'on-demand {label or "default"} {size} {storage.name} #{i}: exit {run.code}, save {got["save"]} s '
+              f'for {got["bytes"] / 1e6:.0f} MB, blocked {got["blocked"]} s, SIGTERM -> exit {got["exit"]:.2f} s, '
+              f'baseline {got["base"]:.2f} s')
   return got
 
 
-def sigterm_in_flight(storage: Storage, size: str, pairs: int, short_extra_s: float | None = 10.0) -> list[Figure]:
+def sigterm_in_flight(storage: Storage, size: str, pairs: int,
+                      short: tuple[float, float] = (1.0, 10.0)) -> list[Figure]:
   """SIGTERM while a continuous save is in flight, alternating a grace budget that holds the save in flight
   and a new one (300 s: the agreed step is saved) with one that does not (the first run's median save
   duration + 10 s: the save in flight commits and the process exits 143 naming it, inside the budget).
-  `short_extra_s` moves the short budget (twice the median + 5 s: the plan saves, and the save must fit)."""
+  `short` = (factor, seconds) sets the short budget to factor x that duration + seconds; (2, 5) gives one
+  where the plan saves a new step, and that save must fit."""
   exit_s = {'long': [], 'short': []}
   kept, inside, short_budget = [], [], None
+  factor, extra = short
   for i in range(pairs):
     for arm in ('long', 'short'):
       budget = 300.0 if arm == 'long' else short_budget
       run = _sigterm_mid_save(storage, size, f'inflight-{arm}-{size}-{storage.name}-{i}', budget)
       exit_s[arm].append(run['exit'])
       if arm == 'long' and short_budget is None:
-        short_budget = round(2 * run['save_s'] + 5 if short_extra_s is None else run['save_s'] + short_extra_s)
+        short_budget = round(factor * run['save_s'] + extra)
       if arm == 'short':
         kept.append(1.0 if run['plan'] == 'keep_in_flight' and run['committed'] == run['in_flight'] else 0.0)
         inside.append(1.0 if run['code'] == 143 and run['exit'] < budget else 0.0)
       measure.say(f'in flight {arm} (budget {budget:.0f} s) #{i}: {run}')
   where = f'{size}, {storage.name}'
-  short = (f"budget {short_budget:.0f} s, "
-           + ("the first run's save + 10 s" if short_extra_s is not None else "twice the first run's save + 5 s"))
+  times = '' if factor == 1 else f'{factor:g} x '
+  short = f"budget {short_budget:.0f} s, {times}the first run's save + {extra:g} s"
   return [Figure(f'SIGTERM during a continuous save -> exit, budget 300 s (the agreed step saved), {where}',
                  's', exit_s['long']),
           Figure(f'SIGTERM during a continuous save -> exit, {short}, {where}', 's', exit_s['short']),
@@ -187,21 +195,10 @@ def _sigterm_mid_save(storage: Storage, size: str, name: str, budget: float) -> 
 
 def on_demand(storage: Storage, size: str, pairs: int, fmt: tuple[str, ...] = ()) -> list[Figure]:
   """The on-demand save after SIGTERM against the storage's own limit for the same bytes."""
-  save, blocked, exit_s, base, requests = [], [], [], [], []
-  for i in range(pairs):
-    run = measure.timed_run(storage, ours(f'{size}Autockpt', *fmt), f'od-{size}-{storage.name}-{i}', train_secs=3,
-                            preempt=True)
-    step = [e['step'] for e in run.events if e['event'] == 'preemption'][0]
-    started = [e for e in run.saves('preemption') if e['step'] == step]
-    nbytes = storage.step_bytes(run.job_dir, step)
-    save.append(run.committed().get(step))
-    blocked.append(started[0]['blocking_s'] if started else None)
-    exit_s.append(run.sigterm_to_exit_s)
-    requests.append(run.checkpoint_requests)
-    storage.clean(run.job_dir)
-    base.append(storage.baseline_write_secs(nbytes))
-    measure.say(f'on-demand {size} {storage.name} #{i}: exit {run.code}, save {save[-1]} s for '
-                f'{nbytes / 1e6:.0f} MB, blocked {blocked[-1]} s, baseline {base[-1]:.2f} s')
+  runs = [_on_demand_run(storage, size, i, fmt) for i in range(pairs)]
+  save, blocked, exit_s, base, requests = ([r[k] for r in runs] for k in ('save', 'blocked', 'exit', 'base',
+                                                                          'requests'))
+  nbytes = runs[-1]['bytes']
   what = 'single-object upload' if storage.is_gcs else 'raw write + fsync'
   where = f'{size} ({nbytes / 1e6:.0f} MB), {storage.name}'
   figures = [Figure(f'on-demand save (start -> commit) vs {what}, {where}', 's', save, base, what),
