@@ -6,6 +6,13 @@ import tempfile
 
 import pytest
 
+# TensorFlow's gs:// client reads its cache settings once, when TensorFlow loads (its file system is
+# built at registration), so they are set before anything here imports it: the checks must see other
+# processes' writes at once. With the default 5 s stat cache a part of the event log read 2 s before a
+# signal was read again at its old size after the exit, without the events the exit appended.
+os.environ['GCS_STAT_CACHE_MAX_AGE'] = '0'
+os.environ['GCS_READ_CACHE_MAX_SIZE_MB'] = '0'
+
 from pax_autockpt import events as events_lib
 from pax_autockpt import grace
 from pax_autockpt import layout
@@ -130,8 +137,6 @@ def local_gcs(tmp_path_factory):
   gcs = local_gcs_lib.LocalGCS(str(tmp_path_factory.mktemp('gcs'))).start()
   saved = dict(os.environ)
   os.environ.update(gcs.env())
-  os.environ['GCS_STAT_CACHE_MAX_AGE'] = '0'  # the checks here must see other processes' writes at once
-  os.environ['GCS_READ_CACHE_MAX_SIZE_MB'] = '0'  # nor TensorFlow's block cache of what it read before
   os.environ['TF_CPP_MIN_LOG_LEVEL'] = '1'  # not one INFO line per anonymous request
   try:
     yield gcs
