@@ -32,10 +32,12 @@ class PrimaryDecides:
   """Call once per loop iteration on every host, in the same order; every host gets the same answer."""
 
   def __init__(self, process_index: int, client=None, process_count: int | None = None,
-               interval: int | None = None):
+               interval: int | None = None, prefix: str = _PREFIX):
     """`client` and `process_count` default to jax.distributed's; given, they let a simulation run many
     hosts' decisions in one process (pax_autockpt.tools.decision_sim). `interval` defaults to
-    `decision_interval(process_count)`: the same on every host."""
+    `decision_interval(process_count)`: the same on every host. Each question asked every iteration
+    (the bucket's save, the local tier's) has its own `prefix`."""
+    self._prefix = prefix
     self._client = distributed.global_state.client if client is None else client
     self._count = process_count
     self._interval = interval
@@ -68,14 +70,14 @@ class PrimaryDecides:
 
   def _exchange(self) -> bool:
     """The primary publishes what it kept, every other host waits for it."""
-    key = f'{_PREFIX}{self._exchanges}'
+    key = f'{self._prefix}{self._exchanges}'
     if self._primary:
       answer, self._wanted = self._wanted, False
       self._client.key_value_set(key, '1' if answer else '0')
       if self._exchanges >= 2:
         # Every host has read n-2: it took part in the collectives of the steps that followed it.
         try:
-          self._client.key_value_delete(f'{_PREFIX}{self._exchanges - 2}')
+          self._client.key_value_delete(f'{self._prefix}{self._exchanges - 2}')
         except TypeError:
           pass  # jaxlib 0.4.26 deletes, then cannot convert the returned absl::Status
     else:

@@ -22,6 +22,8 @@ from pax_autockpt import failures
 from pax_autockpt import grace
 from pax_autockpt import internals
 from pax_autockpt import layout
+from pax_autockpt import local_restore
+from pax_autockpt import local_saves
 from pax_autockpt import manifest as manifest_lib
 from pax_autockpt import metrics as metrics_lib
 from pax_autockpt import notices
@@ -99,10 +101,16 @@ class AutockptCheckpointer:
     self._exit_step: int | None = None  # the step whose commit the exit path waits for
     self._first_iteration = True
     signals.on_first_signal(self._signal_arrived)
+    self._local, local = None, None
+    if settings.local_dir:
+      folder = layout.local_dir(settings.local_dir, events.host)
+      self._local = local_saves.LocalSaves(folder, min_interval_secs=settings.local_min_interval_secs,
+                                           keep=settings.local_keep, events=events)
+      local = local_restore.LocalRestore(folder, host=events.host, hosts=jax.process_count())
     self._restorer = restore_lib.Restorer(inner, events=events, checksums=settings.checksums,
                                           retry_secs=settings.restore_retry_secs,
                                           set_aside=self._forget_unrestorable,
-                                          restart_input=settings.input_on_host_change == 'restart')
+                                          restart_input=settings.input_on_host_change == 'restart', local=local)
 
   def __getattr__(self, name: str) -> Any:
     return getattr(self._inner, name)
@@ -119,7 +127,8 @@ class AutockptCheckpointer:
 
   @property
   def save_in_flight(self) -> bool:
-    return self._background.in_flight
+    """A bucket or local save still writing from a background thread."""
+    return self._background.in_flight or (self._local is not None and self._local.in_flight)
 
   def newest_committed(self) -> int | None:
     return layout.newest_committed(self.checkpoint_dir)
@@ -134,6 +143,11 @@ class AutockptCheckpointer:
   def verified(self) -> dict[str, int]:
     """How many saved shards of the restored checkpoint this host checked, and how many no host did."""
     return self._restorer.verified
+
+  @property
+  def restored_from(self) -> str | None:
+    """'bucket' (the job directory), 'local' (the local tier), or None (a fresh start)."""
+    return self._restorer.restored_from
 
   def _write_manifest(self, step: int, directory: epath.Path, items: dict[str, Any]) -> None:
     """In the background save, before the commit: this host's digests of what it writes."""
@@ -174,6 +188,8 @@ class AutockptCheckpointer:
       self._on_notice(step_i, notice, state)
     elif self._saving and self._wants_save(step_i):
       self._save(step_i, self._save_reason, state)
+    if self._local is not None:
+      self._local.maybe_save(step_i, partitioned_train_state, train_input_pipeline)
 
   def save_final(self, step_i, **state):
     self.last_step = step_i

@@ -38,8 +38,10 @@ class AutockptExecutor(executors.DefaultExecutor):
         exit_after_ondemand_checkpoint=exit_after_ondemand_checkpoint,
         enable_summaries=kwargs.get('enable_summary_writer', True), metrics=step_metrics)
     step = checkpointer.step_to_restore
-    logging.info('[autockpt] host %d/%d, %s, settings: %s', jax.process_index(), jax.process_count(),
-                 'no checkpoint: starting fresh' if step is None else f'restoring step {step}',
+    where = 'no checkpoint: starting fresh' if step is None else f'restoring step {step}'
+    if self._settings.local_dir:
+      where = f'newest checkpoint {step}, the local tier may hold a newer step'
+    logging.info('[autockpt] host %d/%d, %s, settings: %s', jax.process_index(), jax.process_count(), where,
                  settings_lib.describe(self._settings))
     try:
       super().setup(jax_task, job_log_dir, wrapped, *args,
@@ -51,7 +53,8 @@ class AutockptExecutor(executors.DefaultExecutor):
     step_metrics.tap(*internals.programs(self))  # each saved step's metrics, for BestN
     # After the restore: a damaged newest checkpoint may have been passed over.
     self._events.write('start', num_hosts=jax.process_count(), pid=os.getpid(),
-                       restored_step=wrapped.step_to_restore, **wrapped.verified)
+                       restored_step=wrapped.step_to_restore, restored_from=wrapped.restored_from,
+                       **wrapped.verified)
 
   def start(self):
     try:

@@ -156,6 +156,11 @@ def no_orbax_restore_barrier():
     _restoring.active = False
 
 
+def restore_step(pax_checkpointer: Any, step: int) -> None:
+  """Points Pax's restore at `step` (a local-tier step, served by the restore guard)."""
+  pax_checkpointer._step_to_restore = step  # pylint: disable=protected-access
+
+
 def restore_newest_instead(pax_checkpointer: Any) -> None:
   """After a checkpoint was taken out of the listing: re-list, and restore the newest one left."""
   orbax_manager(pax_checkpointer).reload()

@@ -9,6 +9,12 @@ JOB_LOG_DIR/
   autockpt/unrestorable/             damaged checkpoints moved aside (local disk)
   summaries/autockpt/                the save scalars for TensorBoard
 
+LOCAL_DIR/ (the local tier, one per host, --autockpt_local_dir with {host} replaced)
+  step_%08d/                         a committed local step (its final name is the commit)
+    shards.bin                         this host's shards, raw bytes back to back
+    index.json                         where each shard is in shards.bin, its xxh3, every host's input
+  step_%08d.partial                  a local save in progress (never restored; removed by the next commit)
+
 Committed means complete on storage, and differs by storage because orbax 0.5.9 commits differently:
 on a local disk (and any storage but gs://) it writes `checkpoint_N.orbax-checkpoint-tmp-<time>` and
 renames it, so the final name is the commit; on gs:// (no atomic rename) it writes under the final name
@@ -225,3 +231,39 @@ def host_log_path(job_log_dir: epath.PathLike, host: int) -> epath.Path:
 def summary_dir(job_log_dir: epath.PathLike) -> epath.Path:
   """The save scalars, beside Pax's own summaries (`tensorboard --logdir JOB_LOG_DIR/summaries`)."""
   return epath.Path(job_log_dir) / 'summaries' / 'autockpt'
+
+
+# --- the local tier (pax_autockpt.local_tier) -----------------------------------------------------
+
+LOCAL_SHARDS = 'shards.bin'
+LOCAL_INDEX = 'index.json'
+_LOCAL_STEP = re.compile(r'step_(\d{8,})')
+_LOCAL_PARTIAL = '.partial'
+
+
+def local_dir(template: str, host: int) -> epath.Path:
+  """A host's local tier: the setting with `{host}` replaced by the host index."""
+  return epath.Path(template.replace('{host}', str(host)))
+
+
+def local_step_dir(folder: epath.PathLike, step: int) -> epath.Path:
+  return epath.Path(folder) / f'step_{step:08d}'
+
+
+def local_partial_dir(folder: epath.PathLike, step: int) -> epath.Path:
+  return epath.Path(folder) / f'step_{step:08d}{_LOCAL_PARTIAL}'
+
+
+def local_committed_steps(folder: epath.PathLike) -> list[int]:
+  """Committed local steps, oldest first: a final name with its index (written before the rename)."""
+  folder = epath.Path(folder)
+  if not folder.is_dir():
+    return []
+  found = (_LOCAL_STEP.fullmatch(p.name) for p in folder.iterdir())
+  return sorted(int(m.group(1)) for m in found if m and (folder / m.group(0) / LOCAL_INDEX).exists())
+
+
+def local_partials(folder: epath.PathLike) -> list[epath.Path]:
+  """Local saves that never committed (a kill mid-save, a peer that never finished its part)."""
+  folder = epath.Path(folder)
+  return [p for p in folder.iterdir() if p.name.endswith(_LOCAL_PARTIAL)] if folder.is_dir() else []

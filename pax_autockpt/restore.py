@@ -29,6 +29,8 @@ from pax_autockpt import failures
 from pax_autockpt import integrity
 from pax_autockpt import internals
 from pax_autockpt import layout
+from pax_autockpt import local_restore
+from pax_autockpt import local_tier
 from pax_autockpt import manifest as manifest_lib
 from pax_autockpt import outcomes
 
@@ -152,10 +154,14 @@ class Restorer:
   """Pax's `get_model_states` for a wrapped Pax checkpointer (see the module docstring)."""
 
   def __init__(self, inner: Any, *, events: events_lib.EventLog, checksums: bool, retry_secs: float,
-               set_aside: Callable[[int], None], restart_input: bool = False):
+               set_aside: Callable[[int], None], restart_input: bool = False,
+               local: local_restore.LocalRestore | None = None):
     """`set_aside(step)` is called on every host after a damaged checkpoint left the listing;
     `restart_input`: an input state written by another number of hosts is not restored (the input
-    starts over) instead of being a mismatch."""
+    starts over) instead of being a mismatch; `local`: the local tier, restored from where its newest
+    complete step is at least as new as the bucket's newest checkpoint."""
+    self._local = local
+    self._local_step: int | None = None  # the local step being restored (Pax's step_to_restore)
     self._inner = inner
     self._restart_input = restart_input
     self._events = events
@@ -167,6 +173,7 @@ class Restorer:
     self._key = ''
     self._hosts = jax.process_count()
     self.verified: dict[str, int] = {}  # shards_checked/shards_unchecked of the restored checkpoint
+    self.restored_from: str | None = None  # the tier the restored step came from: 'bucket' or 'local'
     internals.guard_restore(inner, self._guarded_read)
 
   @property
@@ -174,6 +181,7 @@ class Restorer:
     return epath.Path(self._inner.checkpoint_manager.directory)
 
   def get_model_states(self, partitioner, metadata, root_prng_key, train_input_pipeline=None):
+    self._local_step = self._local_plan(partitioner, metadata, train_input_pipeline)
     tries = 0
     while True:
       step = self._inner.step_to_restore
@@ -181,20 +189,52 @@ class Restorer:
         logging.info('[autockpt] no committed checkpoint: starting fresh.')
         return self._inner.get_model_states(partitioner, metadata, root_prng_key, train_input_pipeline)
       self._key = f'autockpt/restore/{step}/{tries}'
+      local = step == self._local_step
       began, restored = time.time(), None
-      pipeline = self._input_to_restore(step, train_input_pipeline)
-      found = agree(f'{self._key}/check', self._host, self._check(step, metadata, pipeline))
+      pipeline = train_input_pipeline if local else self._input_to_restore(step, train_input_pipeline)
+      found = None if local else agree(f'{self._key}/check', self._host, self._check(step, metadata, pipeline))
       if found is None:
         try:
           restored = self._inner.get_model_states(partitioner, metadata, root_prng_key, pipeline)
         except _Agreed as e:
           found = e.finding
-      if found is None and self._checksums:
+      if found is None and self._checksums and not local:  # a local step's digests are checked as it is read
         found = agree(f'{self._key}/verify', self._host, self._verify(step, restored[0]))
       if found is None:
-        logging.info('[autockpt] checkpoint %d restored in %.3f s.', step, time.time() - began)
+        self.restored_from = 'local' if local else 'bucket'
+        logging.info('[autockpt] %s %d restored in %.3f s.', 'local step' if local else 'checkpoint', step,
+                     time.time() - began)
         return (compilation_cache.owned_by_xla(restored[0]), *restored[1:])
+      if local:
+        self._bucket_instead(step, found)
+        continue
       tries = self._act(step, found, tries)
+
+  def _local_plan(self, partitioner: Any, metadata: Any, pipeline: Any) -> int | None:
+    """The local step every host restores (Pax is pointed at it), or None for the bucket's newest."""
+    if self._local is None:
+      return None
+    try:
+      needs = local_tier.fingerprint_for(metadata.padded_global_shapes, partitioner.global_mesh,
+                                         metadata.partition_specs)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning('[autockpt] local tier not used for this restore: %s', failures.one_line(e))
+      needs = ''
+    plan = self._local.plan(needs, self._inner.step_to_restore, needs_input=pipeline is not None)
+    if plan is None or not self._local.fill(plan):
+      return None
+    internals.restore_step(self._inner, plan.step)
+    return plan.step
+
+  def _bucket_instead(self, step: int, found: Finding) -> None:
+    """A local step failed to restore on some host: every host goes to the bucket's newest checkpoint
+    (the local copy stays where it is; the next local commits prune it)."""
+    logging.warning('[autockpt] local step %d could not be restored (%s); restoring from the bucket instead.',
+                    step, found.reason)
+    self._events.write('local_restore_failed', step=step, kind=found.kind.value, error=found.reason,
+                       seen_by=found.host)
+    self._local_step = None
+    internals.restore_newest_instead(self._inner)
 
   def _input_to_restore(self, step: int, pipeline: Any) -> Any:
     """The input pipeline to restore with the state, or None where its saved position was written by
@@ -229,6 +269,8 @@ class Restorer:
     """Pax's restore proper (its `_restore_with_args`): every host learns whether all hosts read their
     part, before Pax's next device collective; a failure anywhere raises _Agreed everywhere."""
     mine, restored = None, None
+    if self._local_step is not None and args and args[0] == self._local_step:
+      read = self._local_read
     with internals.no_orbax_restore_barrier():  # the agreement below is the barrier
       try:
         restored = read(*args, **kwargs)
@@ -238,6 +280,12 @@ class Restorer:
     if found is not None:
       raise _Agreed(found)
     return restored
+
+  def _local_read(self, step: int, shapes: Any, unpadded_shapes: Any, mesh: Any, specs: Any,
+                  train_input_pipeline: Any = None) -> Any:
+    """Pax's `_restore_with_args` for a local step: the same state, from this host's local copy."""
+    del unpadded_shapes  # the local tier holds the arrays as they were in memory (padded)
+    return self._local.load(step, shapes, mesh, specs, train_input_pipeline)
 
   def _verify(self, step: int, state: Any) -> Finding | None:
     """This host's restored shards against the manifest: in memory where a restored shard is a saved

@@ -66,6 +66,19 @@ _optional_hours = _optional(lambda v: _number(v) and v > 0,
                             'use a number of hours > 0, or {unset} for no adaptive interval')
 
 
+def _count_at_least_1(v):
+  return None if _integer(v) and v >= 1 else 'use an integer N >= 1'
+
+
+def _local_dir(v):
+  if not isinstance(v, str):
+    return "use a path on the host's own disk, e.g. /dev/shm/autockpt-{host}, or '' for no local tier"
+  if '://' in v:
+    return ("use a path on the host's own disk (e.g. a local SSD or /dev/shm/autockpt-{host}); the bucket is "
+            "--job_log_dir's")
+  return None
+
+
 def _choice(*allowed: str) -> Rule:
   def rule(v):
     return None if v in allowed else 'use one of ' + ', '.join(repr(a) for a in allowed)
@@ -148,6 +161,14 @@ class Settings:
                             "save but the one a signal's exit waits for, written raw: float weights shrink by "
                             "little and the grace period is short), 'zstd' (every save), 'none' (no save); "
                             "checkpoints of either kind restore alike", rule=_choice('auto', 'zstd', 'none'))
+  local_dir: str = option('', "the local tier: a directory on each host's own disk (a local SSD, or a RAM disk "
+                          "such as /dev/shm/autockpt-{host}; `{host}` becomes the host index), saved continuously "
+                          "beside the job directory's checkpoints; a restart restores whichever complete copy is "
+                          "newer; '' for none", rule=_local_dir)
+  local_min_interval_secs: float = option(0.0, 'local tier: no two local save starts closer than this (0: back to '
+                                          'back)', rule=_seconds_at_least_0)
+  local_keep: int = option(2, 'local tier: the newest N committed local steps kept on each host',
+                           rule=_count_at_least_1)
   save_policy: Any = option(None, 'any save-decision policy object, or a `pax_fiddle.Config` of one',
                             rule=_save_policy, flag=False,
                             replaced_by=('continuous', 'min_interval_secs', 'mtbf_hours'))

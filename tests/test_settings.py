@@ -86,7 +86,7 @@ def test_a_flag_fix_suggests_only_values_a_flag_accepts(bad):
   for name in settings_lib.FIELDS:
     if settings_lib.flag_name(name):
       fix = settings_lib.fix_for(name, bad, f'--{settings_lib.flag_name(name)}')
-      assert fix is None or ('None' not in fix and '{' not in fix), (name, fix)
+      assert fix is None or ('None' not in fix and '{unset}' not in fix), (name, fix)
 
 
 def test_an_attribute_fix_may_still_suggest_none():

@@ -1,0 +1,128 @@
+"""Continuous saves to the local tier, beside the bucket's checkpoints.
+
+Every host, every iteration, asks one agreed question (the primary host decides, as for the bucket's
+saves): is a local save due (the previous one finished, `local_min_interval_secs` passed, no signal)?
+If so each host copies the shards it holds and its input position on the training thread, and one
+background thread writes them (pax_autockpt.local_tier). A local step is committed on a host only once
+every host wrote its part: each host publishes "done, with my input position" through the coordination
+service, waits (bounded) for all the others, writes every host's input position into its index (so
+that a peer can restore a replaced host's position too) and renames. A host killed mid-save leaves its
+peers' parts uncommitted after the bound, never a step some host lacks a part of. No device collective
+runs in the background. After a commit the newest `local_keep` committed steps stay.
+"""
+
+import base64
+import threading
+import time
+from typing import Any
+
+from absl import logging
+from etils import epath
+import jax
+from jax._src import distributed
+
+from pax_autockpt import agreement
+from pax_autockpt import events as events_lib
+from pax_autockpt import failures
+from pax_autockpt import layout
+from pax_autockpt import local_tier
+from pax_autockpt import signals
+
+_KEY = 'autockpt/local/'
+PEER_WAIT_SECS = 60.0  # a peer that has not written its part by then is gone: this step is not committed
+
+
+class LocalSaves:
+  """The local tier's saves for one host (see the module docstring)."""
+
+  def __init__(self, folder: epath.PathLike, *, min_interval_secs: float, keep: int, events: events_lib.EventLog):
+    self.folder = epath.Path(folder)
+    self.folder.mkdir(parents=True, exist_ok=True)
+    self._host, self._hosts = events.host, jax.process_count()
+    self._client = distributed.global_state.client if self._hosts > 1 else None
+    self._min_interval = min_interval_secs
+    self._keep = keep
+    self._events = events
+    self._decide = agreement.PrimaryDecides(self._host, prefix='autockpt/local-decision/')
+    self._thread: threading.Thread | None = None
+    self._last_start = 0.0
+    self._published: list[int] = []  # steps whose coordination keys this host set
+    self.committed: list[int] = []
+
+  def maybe_save(self, step: int, train_state: Any, pipeline: Any = None) -> None:
+    """Once per loop iteration on every host, in the same order."""
+    if not self._decide(self._due):
+      return
+    if self._thread is not None:
+      self._thread.join()  # the primary's finished; a peer's is at most finishing its rename
+    self._last_start = time.time()
+    jax.block_until_ready(train_state)
+    snapshot = local_tier.capture(train_state, pipeline)
+    self._thread = threading.Thread(target=self._finish, args=(step, snapshot, self._last_start),
+                                    name=f'autockpt-local-{step}', daemon=True)
+    self._thread.start()
+
+  @property
+  def in_flight(self) -> bool:
+    return self._thread is not None and self._thread.is_alive()
+
+  def _due(self) -> bool:
+    return not self.in_flight and signals.received() is None and time.time() - self._last_start >= self._min_interval
+
+  def _finish(self, step: int, snapshot: local_tier.Snapshot, start: float) -> None:
+    """In the background: this host's part, every host's input positions, the commit, the pruning."""
+    partial = None
+    try:
+      partial, arrays = local_tier.write_part(self.folder, step, snapshot)
+      inputs = self._exchange(step, snapshot.input_state)
+      fp = local_tier.fingerprint_of(snapshot)
+      local_tier.commit(partial, local_tier.index(step, self._host, self._hosts, fp, arrays, inputs))
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning('[autockpt] local save of step %d not committed: %s', step, failures.one_line(e))
+      if partial is not None and partial.exists():
+        partial.rmtree()
+      return
+    duration = time.time() - start
+    self.committed.append(step)
+    self._events.write('local_committed', step=step, duration_s=round(duration, 6), bytes=snapshot.nbytes)
+    logging.log_every_n_seconds(logging.INFO, '[autockpt] local save of step %d committed in %.3f s (%.1f MB).',
+                                60, step, duration, snapshot.nbytes / 1e6)
+    self._prune()
+
+  def _exchange(self, step: int, mine: bytes | None) -> dict[int, bytes | None]:
+    """Every host's input position at `step`, once every host has written its part (one host: its own)."""
+    if self._client is None:
+      return {self._host: mine}
+    encoded = '-' if mine is None else base64.b64encode(mine).decode()
+    self._client.key_value_set(f'{_KEY}{step}/{self._host}', encoded)
+    self._published.append(step)
+    inputs = {}
+    deadline = time.time() + PEER_WAIT_SECS
+    for host in range(self._hosts):
+      wait_ms = max(1, int((deadline - time.time()) * 1000))
+      got = self._client.blocking_key_value_get(f'{_KEY}{step}/{host}', wait_ms)
+      inputs[host] = None if got == '-' else base64.b64decode(got)
+    self._forget_keys(step)
+    return inputs
+
+  def _forget_keys(self, step: int) -> None:
+    """This host's keys of steps before the previous one: every peer that committed them read them."""
+    for old in [s for s in self._published if s < step][:-1]:
+      self._published.remove(old)
+      try:
+        self._client.key_value_delete(f'{_KEY}{old}/{self._host}')
+      except TypeError:
+        pass  # jaxlib 0.4.26 deletes, then cannot convert the returned absl::Status
+
+  def _prune(self) -> None:
+    """The newest `keep` committed steps stay; older ones and leftovers of older saves go."""
+    steps = layout.local_committed_steps(self.folder)
+    newest = steps[-1] if steps else 0
+    try:
+      for step in steps[:-self._keep]:
+        layout.local_step_dir(self.folder, step).rmtree()
+      for partial in layout.local_partials(self.folder):
+        if int(partial.name[len('step_'):].split('.')[0]) < newest:
+          partial.rmtree()
+    except OSError as e:
+      logging.warning('[autockpt] could not prune the local tier %s: %s', self.folder, failures.one_line(e))

@@ -1,0 +1,199 @@
+"""The local tier's on-disk form: one host's shards of one step, on that host's own disk.
+
+A bucket save goes through orbax and tensorstore (per-array metadata, chunking, compression, a round trip
+per object); the local tier needs none of that: the reader is the same host (or a peer holding the same
+shards, after a replaced VM) on the same topology. So a local step is this host's shards written raw,
+back to back, into one file (`shards.bin`), with an index (`index.json`): each array's shape and dtype,
+each shard's place in the file and its xxh3-64, and every host's input position at that step. Written
+under a temporary name and renamed: the final name is the commit (layout).
+
+The `fingerprint` names which shards a host holds (every array's shard indexes on its devices): a host
+can restore a peer's copy only where the fingerprints are equal — another data-parallel replica.
+"""
+
+import base64
+import dataclasses
+import json
+import os
+from typing import Any
+
+from etils import epath
+import jax
+import jax.numpy as jnp
+import numpy as np
+import xxhash
+
+from pax_autockpt import background_save
+from pax_autockpt import layout
+from pax_autockpt import manifest as manifest_lib
+
+FORMAT = 1
+
+
+class LocalDamage(ValueError):
+  """A local step whose index or shards do not read back as written."""
+
+
+@dataclasses.dataclass
+class Snapshot:
+  """One host's shards of a step in host memory (name -> shape, dtype, shard key -> bytes), and its
+  input position (None: no input state, or one without get_state())."""
+
+  arrays: dict[str, tuple[tuple[int, ...], str, dict[str, np.ndarray]]]
+  input_state: bytes | None
+
+  @property
+  def nbytes(self) -> int:
+    return sum(d.nbytes for _, _, shards in self.arrays.values() for d in shards.values())
+
+
+def _names(tree: Any) -> list[tuple[str, Any]]:
+  leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return [(jax.tree_util.keystr(path), leaf) for path, leaf in leaves]
+
+
+def capture(train_state: Any, pipeline: Any = None) -> Snapshot:
+  """On the training thread: a copy of every shard this host holds (each index once, replicas on
+  several local devices included once), and the input's position at this step."""
+  arrays = {}
+  for name, x in _names(train_state):
+    if not isinstance(x, jax.Array):
+      continue
+    shards = {}
+    for s in x.addressable_shards:
+      key = manifest_lib.shard_key(s.index, x.shape)
+      if key not in shards:
+        shards[key] = np.array(s.data, copy=True)  # the next step donates the device buffer
+    arrays[name] = (tuple(x.shape), str(x.dtype), shards)
+  state = None
+  if pipeline is not None:
+    taken = background_save.input_snapshot(pipeline)
+    state = taken.state if isinstance(taken, background_save.InputSnapshot) else None
+  return Snapshot(arrays, state)
+
+
+def fingerprint(arrays: dict[str, tuple[tuple[int, ...], str, list[str]]]) -> str:
+  """Which shards a host holds: name -> (shape, dtype, shard keys), hashed."""
+  canonical = json.dumps({n: [list(shape), dtype, sorted(keys)] for n, (shape, dtype, keys) in arrays.items()},
+                         sort_keys=True)
+  return xxhash.xxh3_64(canonical.encode()).hexdigest()
+
+
+def fingerprint_of(snapshot: Snapshot) -> str:
+  return fingerprint({n: (shape, dtype, list(shards)) for n, (shape, dtype, shards) in snapshot.arrays.items()})
+
+
+def fingerprint_for(shapes: Any, mesh: Any, specs: Any) -> str:
+  """The fingerprint this host's part of a state would have on this mesh (before any array exists)."""
+  arrays = {}
+  spec_of = dict(_names(jax.tree_util.tree_map(lambda _, s: s, shapes, specs)))
+  for name, leaf in _names(shapes):
+    sharding = jax.sharding.NamedSharding(mesh, spec_of[name])
+    indices = sharding.addressable_devices_indices_map(leaf.shape).values()
+    keys = {manifest_lib.shard_key(i, leaf.shape) for i in indices}
+    arrays[name] = (tuple(leaf.shape), str(jnp.dtype(leaf.dtype)), list(keys))
+  return fingerprint(arrays)
+
+
+def write_part(folder: epath.PathLike, step: int, snapshot: Snapshot) -> tuple[epath.Path, dict[str, Any]]:
+  """This host's shards into the step's temporary directory, synced; returns it and the index's arrays."""
+  partial = layout.local_partial_dir(folder, step)
+  if partial.exists():
+    partial.rmtree()
+  partial.mkdir(parents=True)
+  arrays = {}
+  with open(partial / layout.LOCAL_SHARDS, 'wb') as f:
+    for name, (shape, dtype, shards) in snapshot.arrays.items():
+      entries = {}
+      for key, data in shards.items():
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        entries[key] = [f.tell(), raw.nbytes, xxhash.xxh3_64(raw).hexdigest()]
+        f.write(raw.data)
+      arrays[name] = {'shape': list(shape), 'dtype': dtype, 'shards': entries}
+    f.flush()
+    os.fsync(f.fileno())
+  return partial, arrays
+
+
+def commit(partial: epath.Path, index: dict[str, Any]) -> epath.Path:
+  """The index, then the rename that commits the step; both synced."""
+  _write_synced(partial / layout.LOCAL_INDEX, json.dumps(index).encode())
+  final = partial.with_name(partial.name.rsplit('.', 1)[0])
+  if final.exists():  # the same step saved again (a restart that restored an older one): the newer copy wins
+    final.rmtree()
+  partial.rename(final)
+  _sync_dir(final.parent)
+  return final
+
+
+def index(step: int, host: int, hosts: int, fp: str, arrays: dict[str, Any], inputs: dict[int, bytes | None]) -> dict:
+  return {'format': FORMAT, 'hash': manifest_lib.HASH, 'step': step, 'host': host, 'hosts': hosts, 'fingerprint': fp,
+          'arrays': arrays, 'inputs': {str(h): None if v is None else base64.b64encode(v).decode()
+                                       for h, v in inputs.items()}}
+
+
+def read_index(step_dir: epath.Path) -> dict[str, Any]:
+  try:
+    found = json.loads((step_dir / layout.LOCAL_INDEX).read_text())
+  except (OSError, ValueError) as e:
+    raise LocalDamage(f'{step_dir / layout.LOCAL_INDEX}: {e}') from None
+  if found.get('format') != FORMAT or found.get('hash') != manifest_lib.HASH:
+    raise LocalDamage(f'{step_dir / layout.LOCAL_INDEX}: format {found.get("format")!r}')
+  return found
+
+
+def read_shards(step_dir: epath.Path, found: dict[str, Any]) -> dict[str, dict[str, np.ndarray]]:
+  """Every shard of a local step, checked against its digest (LocalDamage on the first that differs)."""
+  data = np.fromfile(str(step_dir / layout.LOCAL_SHARDS), dtype=np.uint8)
+  out = {}
+  for name, entry in found['arrays'].items():
+    dtype = _dtype(entry['dtype'])
+    out[name] = {}
+    for key, (offset, nbytes, digest) in entry['shards'].items():
+      raw = data[offset:offset + nbytes]
+      if raw.nbytes != nbytes or xxhash.xxh3_64(raw).hexdigest() != digest:
+        raise LocalDamage(f'{step_dir.name}: {name} shard {key or "()"} does not match its digest')
+      shape = tuple(s.stop - s.start for s in manifest_lib.shard_index(key))
+      out[name][key] = raw.view(dtype).reshape(shape)
+  return out
+
+
+def input_state(found: dict[str, Any], host: int) -> bytes | None:
+  text = found.get('inputs', {}).get(str(host))
+  return None if text is None else base64.b64decode(text)
+
+
+def arrays_for(shards: dict[str, dict[str, np.ndarray]], shapes: Any, mesh: Any, specs: Any) -> Any:
+  """The state as global jax.Arrays on this mesh, each device's shard from the local copy."""
+  spec_of = dict(_names(jax.tree_util.tree_map(lambda _, s: s, shapes, specs)))
+  names = iter(_names(shapes))
+
+  def one(leaf):
+    name, _ = next(names)
+    mine = shards[name]
+    return jax.make_array_from_callback(
+        leaf.shape, jax.sharding.NamedSharding(mesh, spec_of[name]),
+        lambda index: mine[manifest_lib.shard_key(index, leaf.shape)])
+
+  return jax.tree_util.tree_map(one, shapes)
+
+
+def _dtype(name: str) -> np.dtype:
+  """A dtype by its name through jax's own types: np.dtype('bfloat16') finds TensorFlow's bfloat16 where
+  TensorFlow is loaded (as under paxml), which XLA does not accept."""
+  return np.dtype(getattr(jnp, name, None) or getattr(jnp, f'{name}_'))
+
+
+def _write_synced(path: epath.Path, data: bytes) -> None:
+  with open(path, 'wb') as f:
+    f.write(data)
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _sync_dir(path: epath.Path) -> None:
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
