@@ -1,0 +1,158 @@
+"""End to end, the local tier (--autockpt_local_dir): an unplanned kill loses seconds, not a bucket interval.
+
+Real input (a shuffled TFRecord file, input checkpointing on); the job directory's checkpoints come only
+at steps 0 and 1000 (the bucket tier, rare on purpose), the local tier saves back to back at most every
+0.5 s. A SIGKILL mid-training, no signal, no save: the restart must restore the newest complete local
+step (never a half-written or damaged one), not the bucket's step 0, and the run's end must be
+identical, array by array and input position, to an uninterrupted run's. `make test`: one host;
+`make soak`: two hosts on the local GCS, one host's local disk replaced (empty) and filled by its
+replica, then every local disk empty (the bucket's step).
+"""
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from experiments import tfrecord_lm_input
+from pax_autockpt import events as events_lib
+from pax_autockpt import layout
+from pax_autockpt import local_tier
+from pax_autockpt.tools import process
+from tests.conftest import checkpoint_steps
+
+pytestmark = pytest.mark.e2e
+
+EXP = 'tests.e2e_experiments.TinyTFRecordRareSaves'
+TWO_HOSTS = 'tests.e2e_experiments.TinyTFRecordRareSavesTwoHosts'
+FINAL = 1000
+
+
+def _local_flags(tmp_path):
+  return (f'--autockpt_local_dir={tmp_path}/local-{{host}}', '--autockpt_local_min_interval_secs=0.5')
+
+
+def _local_steps(job_dir, host, at_least):
+  """The local commits of the newest run of `host`, once one reached `at_least` (else None)."""
+  steps = [e['step'] for e in events_lib.read(job_dir, host) if e['event'] == 'local_committed']
+  return steps if steps and steps[-1] >= at_least else None
+
+
+def _verify_against(job_dir, other):
+  out = subprocess.run([sys.executable, '-m', 'pax_autockpt.tools.cli', 'verify', job_dir, '--against', other],
+                       capture_output=True, text=True, check=False)
+  return out.returncode, out.stdout + out.stderr
+
+
+def _damaged_copy(folder, step, new_step):
+  """A committed local step `new_step` whose bytes differ from its digests (a bad disk block)."""
+  target = layout.local_step_dir(folder, new_step)
+  shutil.copytree(layout.local_step_dir(folder, step), target)
+  shards = target / layout.LOCAL_SHARDS
+  data = bytearray(shards.read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  shards.write_bytes(bytes(data))
+
+
+def test_sigkill_one_host_resumes_from_the_newest_local_step_identical_to_an_uninterrupted_run(jobs, tmp_path):
+  env = {**os.environ, 'AUTOCKPT_TINY_TFRECORD': tfrecord_lm_input.write_corpus(str(tmp_path / 'data.tfrecord'))}
+  reference_dir, job_dir = str(tmp_path / 'uninterrupted'), str(tmp_path / 'resumed')
+  local = tmp_path / 'local-0'
+
+  def start(name, job, *flags):
+    started = process.Job(process.ours_argv(EXP, job, '--autockpt_notices=off', *flags), str(tmp_path / f'{name}.log'),
+                          env=env)
+    jobs.append(started)
+    return started
+
+  reference = start('uninterrupted', reference_dir)
+  run = start('run1', job_dir, *_local_flags(tmp_path))
+  process.wait_until(lambda: _local_steps(job_dir, 0, 300), 'local saves past step 300', 300, 0.05, run)
+  run.kill()  # no signal, no save
+  newest = layout.local_committed_steps(local)[-1]
+  assert checkpoint_steps(job_dir)[0] == [0] and newest >= 300  # the bucket holds only step 0
+  # Beside it, newer: a half-written local step (killed mid-save) and a committed one with a flipped byte.
+  layout.local_partial_dir(local, newest + 40).mkdir()
+  (layout.local_partial_dir(local, newest + 40) / layout.LOCAL_SHARDS).write_bytes(b'\0' * 100)
+  _damaged_copy(local, newest, newest + 20)
+
+  run = start('run2', job_dir, *_local_flags(tmp_path))
+  assert run.wait(300) == 0, run.log()[-3000:]
+  first = [e for e in events_lib.read(job_dir) if e['event'] == 'start'][-1]
+  assert (first['restored_step'], first['restored_from']) == (newest, 'local'), first
+  assert f'local step {newest + 20} is damaged, not offered for the restore' in run.log()
+  assert re.search(rf'local tier: this host has steps \[.*{newest}\]; bucket newest 0; restoring local step '
+                   rf'{newest}\.', run.log())
+  assert re.search(rf'run summary: trained steps {newest} to {FINAL}, ', run.log())
+  assert layout.local_step_dir(local, newest + 20).exists() is False  # pruned by the new run's commits (keep 2)
+
+  assert reference.wait(300) == 0, reference.log()[-3000:]
+  code, out = _verify_against(job_dir, reference_dir)
+  assert code == 0 and re.fullmatch(rf'step {FINAL}: identical to \S+ \(54 arrays, 54 shards, 1 input states, '
+                                    r'[\d.]+ s\)\n', out), out
+
+
+def _launch(jobs, tmp_path, name, job_dir, *flags):
+  job = process.Job([sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', '--num_hosts=2', '--',
+                     f'--exp={TWO_HOSTS}', f'--job_log_dir={job_dir}', '--autockpt_notices=off', *flags],
+                    str(tmp_path / f'{name}.log'))
+  jobs.append(job)
+  return job
+
+
+def _kill_hosts(job_dir, first):
+  """SIGKILL host `first`, then the other (a failed host ends the job; the scheduler restarts all)."""
+  for host in (first, 1 - first):
+    pid = [e for e in events_lib.read(job_dir, host) if e['event'] == 'start'][-1]['pid']
+    with contextlib.suppress(ProcessLookupError):  # a host's peer dies within 0.2 s of it
+      os.kill(pid, signal.SIGKILL)
+
+
+def _run_starts(job_dir, host):
+  return [(e['restored_step'], e.get('restored_from')) for e in events_lib.read(job_dir, host)
+          if e['event'] == 'start']
+
+
+@pytest.mark.soak
+def test_two_hosts_a_replaced_host_is_filled_by_its_replica_and_without_local_copies_the_bucket_restores(
+    jobs, gcs, tmp_path):
+  """`make soak`: 2 hosts as 2 data-parallel replicas, bucket on the local GCS. SIGKILL host 1; its local
+  disk replaced (empty): both restore the newest local step, host 1 from host 0's copy, and the run ends
+  identical to an uninterrupted one. Then SIGKILL again with every local disk empty: the bucket's step."""
+  os.environ['AUTOCKPT_TINY_TFRECORD'] = tfrecord_lm_input.write_corpus(str(tmp_path / 'data.tfrecord'))
+  job_dir, reference_dir = gcs.url('local/resumed'), gcs.url('local/uninterrupted')
+  local = [tmp_path / f'local-{h}' for h in (0, 1)]
+  reference = _launch(jobs, tmp_path, 'uninterrupted', reference_dir)
+  run = _launch(jobs, tmp_path, 'run1', job_dir, *_local_flags(tmp_path))
+  process.wait_until(lambda: _local_steps(job_dir, 1, 300), 'local saves past step 300', 600, 0.2, run)
+  _kill_hosts(job_dir, first=1)
+  run.wait(120)
+  newest = layout.local_committed_steps(local[0])[-1]
+  shutil.rmtree(local[1])  # a replaced VM
+
+  run = _launch(jobs, tmp_path, 'run2', job_dir, *_local_flags(tmp_path))
+  assert run.wait(600) == 0, run.log()[-3000:]
+  assert re.search(rf'\[host 1\].*local step {newest} received from host 0', run.log()), run.log()[-3000:]
+  for host in (0, 1):
+    process.wait_until(lambda h=host: len(_run_starts(job_dir, h)) == 2, f'host {host}\'s start event', 30, 1.0)
+    assert _run_starts(job_dir, host)[-1] == (newest, 'local')
+  assert reference.wait(600) == 0, reference.log()[-3000:]
+  code, out = _verify_against(job_dir, reference_dir)
+  assert code == 0 and '2 input states' in out, out
+  # The filled copy is a committed local step of host 1 now, as its own would be.
+  assert newest in layout.local_committed_steps(local[1]) or layout.local_committed_steps(local[1])[0] > newest
+  assert local_tier.read_index(layout.local_step_dir(local[1], layout.local_committed_steps(local[1])[-1]))
+
+  # Every local disk empty: the bucket's newest committed step (the final one here) restores.
+  for folder in local:
+    shutil.rmtree(folder)
+  run = _launch(jobs, tmp_path, 'run3', job_dir, *_local_flags(tmp_path))
+  assert run.wait(600) == 0, run.log()[-3000:]
+  for host in (0, 1):
+    process.wait_until(lambda h=host: len(_run_starts(job_dir, h)) == 3, f'host {host}\'s start event', 30, 1.0)
+    assert _run_starts(job_dir, host)[-1] == (FINAL, 'bucket')
