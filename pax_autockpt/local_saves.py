@@ -47,15 +47,16 @@ class LocalSaves:
     self._thread: threading.Thread | None = None
     self._last_start = 0.0
     self._published: list[int] = []  # steps whose coordination keys this host set
+    self._newest = max(layout.local_committed_steps(self.folder), default=-1)  # e.g. the step just restored
     self.committed: list[int] = []
 
   def maybe_save(self, step: int, train_state: Any, pipeline: Any = None) -> None:
     """Once per loop iteration on every host, in the same order."""
-    if not self._decide(self._due):
+    if not self._decide(lambda: self._due(step)):
       return
     if self._thread is not None:
       self._thread.join()  # the primary's finished; a peer's is at most finishing its rename
-    self._last_start = time.time()
+    self._last_start, self._newest = time.time(), step
     jax.block_until_ready(train_state)
     snapshot = local_tier.capture(train_state, pipeline)
     self._thread = threading.Thread(target=self._finish, args=(step, snapshot, self._last_start),
@@ -66,8 +67,11 @@ class LocalSaves:
   def in_flight(self) -> bool:
     return self._thread is not None and self._thread.is_alive()
 
-  def _due(self) -> bool:
-    return not self.in_flight and signals.received() is None and time.time() - self._last_start >= self._min_interval
+  def _due(self, step: int) -> bool:
+    """On the primary: a step not saved locally yet, the previous local save done, the interval passed, and
+    no signal (the grace period is the bucket save's)."""
+    idle = not self.in_flight and time.time() - self._last_start >= self._min_interval
+    return idle and step > self._newest and signals.received() is None
 
   def _finish(self, step: int, snapshot: local_tier.Snapshot, start: float) -> None:
     """In the background: this host's part, every host's input positions, the commit, the pruning."""

@@ -119,10 +119,13 @@ def commit(partial: epath.Path, index: dict[str, Any]) -> epath.Path:
   """The index, then the rename that commits the step; both synced."""
   _write_synced(partial / layout.LOCAL_INDEX, json.dumps(index).encode())
   final = partial.with_name(partial.name.rsplit('.', 1)[0])
-  if final.exists():  # the same step saved again (a restart that restored an older one): the newer copy wins
-    final.rmtree()
+  replaced = final.with_name(f'{final.name}.replaced.partial')  # a leftover the next commit removes
+  if final.exists():  # the same step again (a peer's copy for a damaged one, a step trained again): the new wins
+    final.rename(replaced)
   partial.rename(final)
   _sync_dir(final.parent)
+  if replaced.exists():
+    replaced.rmtree()
   return final
 
 

@@ -423,3 +423,24 @@ def test_adaptive_interval_against_the_young_daly_optimum_afterwards(tmp_path):
   assert report.run(str(tmp_path), as_json=True, out=out) == 0
   assert json.loads(out.getvalue())['adaptive']['ratio'] == pytest.approx(1.0)
   assert report.young_daly.adaptive(report.load(single_run(tmp_path / 'other'))) is None
+
+
+def test_local_tier_commits_and_the_tier_each_restart_restored_with_steps_lost_to_the_newest_local_commit(tmp_path):
+  """SIGKILL after local commits every second: the next run restores the newest local step, and the steps lost
+  count from it (not from the bucket's step 0); runs that wrote no `restored_from` read as the bucket."""
+  job = Job(tmp_path)
+  job.start(0, 0.0)
+  job.save(0, 1.0, 0)
+  for i, step in enumerate(range(100, 600, 100)):
+    job.ev(0, 2.0 + i, 'local_committed', step=step, duration_s=0.02 + 0.01 * i, bytes=1000)
+  job.ev(0, 6.5, 'local_committed', step=520, duration_s=0.02, bytes=1000)  # killed at ~530
+  job.ev(0, 20.0, 'start', num_hosts=1, pid=2, restored_step=520, restored_from='local')
+  job.ev(0, 40.0, 'start', num_hosts=1, pid=3, restored_step=0)  # an older version's start event
+  r = report.load(job.write(checkpoints=[0]))
+  assert r.local.saves_committed == 6 and r.local.restored_from == [None, 'local', 'bucket']
+  assert r.local.interval_s.p50 == pytest.approx(1.0) and r.local.duration_s.max == pytest.approx(0.06)
+  assert r.restart_details[0].restored_step == 520 and r.restart_details[0].steps_lost == 0
+  text = report.text.format_text(r)
+  assert ('local tier: 6 saves committed, interval P50/P90 1.00/1.00 s, duration P50 0.035 s; runs restored from: '
+          'fresh, local, bucket') in text
+  assert 'local tier' not in report.text.format_text(report.load(single_run(tmp_path / 'other')))

@@ -14,8 +14,10 @@ holds a new save and one that does not), stock_<size> (SIGTERM -> exit vs stock 
 hook, decision, formats_<storage> (zarr vs OCDBT), notices_<size> (notice -> committed), noticestart
 (start-up with notices auto and no server vs off), checksums (the manifest's cost), verification
 (restore + manifest check vs restore), adaptive (the self-set interval against the Young/Daly
-optimum), decision_scale (the save decision's protocol at 8 to 1,024 simulated hosts, no model; not in
-the default set: ~20 minutes).
+optimum), localtier_<size>_<storage> (an unplanned kill: training lost and the restore, local tier every
+1 s against bucket-only continuous), localstep (step time with the local tier every 1 s vs off),
+decision_scale (the save decision's protocol at 8 to 1,024 simulated hosts, no model; not in the default
+set: ~20 minutes).
 """
 
 import argparse
@@ -35,7 +37,7 @@ STORAGES = {'local': None, 'gcs0': 0.0, 'gcs30': 30.0}
 DEFAULT = ('tiny_local,tiny_gcs0,tiny_gcs30,ondemand_Medium_local,ondemand_Large_local,ondemand_Medium_gcs0,'
            'ondemand_Medium_gcs30,stock_Medium,restart,hook,decision,formats_local,formats_gcs30,notices_Tiny,'
            'notices_Medium,noticestart,checksums,verification,adaptive,ondemandzstd_Large_local,ondemandzstd_Medium_gcs30,'
-           'inflight_Large_gcs30')
+           'inflight_Large_gcs30,localtier_Medium_gcs30,localstep')
 
 
 def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
@@ -72,6 +74,10 @@ def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
     return scenarios.checksums(storage, args.pairs, args.secs)
   if kind == 'adaptive':
     return scenarios.adaptive(storage, args.pairs)
+  if kind == 'localtier':
+    return scenarios.local_tier(storage, rest[0], args.pairs)
+  if kind == 'localstep':
+    return scenarios.local_step_time(storage, args.pairs, args.secs)
   raise SystemExit(f'error: unknown scenario {name!r}: choose from {DEFAULT},decision_scale')
 
 

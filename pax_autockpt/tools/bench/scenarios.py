@@ -2,6 +2,7 @@
 
 import os
 import re
+import shutil
 import signal
 import statistics
 import sys
@@ -516,3 +517,87 @@ def _extrapolated(clients: tuple[int, ...], got: dict, to: int = 1024) -> list[F
       figures.append(Figure(f'{name} at {to} hosts, extrapolated from {fit[0]}-{fit[-1]}, exchange {label}',
                             'ms', values))
   return figures
+
+
+_RESTORED = r'\[autockpt\] (?:local step|checkpoint) (\d+) restored in ([\d.]+) s'
+
+
+def _local_flags(storage: Storage, name: str) -> tuple[str, ...]:
+  folder = os.path.join(storage.workdir, f'{name}-local-{{host}}')
+  return (f'--autockpt_local_dir={folder}', '--autockpt_local_min_interval_secs=1')
+
+
+def _restorable(run_events: list[dict], job_dir: str, local: str | None) -> tuple[int, float]:
+  """What a restart would restore after a kill (the newest committed step in either tier) and when that
+  step was trained (its save's capture)."""
+  bucket = layout.newest_committed(layout.checkpoint_dir(job_dir))
+  local_step = layout.local_committed_steps(local)[-1] if local and layout.local_committed_steps(local) else None
+  step = max(s for s in (bucket, local_step) if s is not None)
+  captured = [e['t'] - e['duration_s'] for e in run_events if e['event'] == 'local_committed' and e['step'] == step]
+  captured += [e['t'] for e in run_events if e['event'] == 'save_started' and e['step'] == step]
+  return step, min(captured)
+
+
+def _killed_and_restored(storage: Storage, size: str, name: str, secs: float, flags: tuple[str, ...],
+                         local: str | None) -> dict:
+  """Trains `secs` after the first step, SIGKILL (no signal, no save); the training time lost (the kill ->
+  the capture of the step a restart restores), then that restart's restore time."""
+  job_dir = storage.job_dir(name)
+  storage.begin()
+  job = process.Job([*ours(f'{size}Autockpt', *flags), f'--job_log_dir={job_dir}'],
+                    os.path.join(storage.workdir, f'{name}.log'), env=storage.env())
+  try:
+    job.wait_for_log(measure.STEP_DONE, timeout=900)
+    time.sleep(secs)
+  finally:
+    killed = time.time()
+    job.kill()
+  step, captured = _restorable(events_lib.read(job_dir), job_dir, local)
+  again = process.Job([*ours(f'{size}Autockpt', *flags), f'--job_log_dir={job_dir}'],
+                      os.path.join(storage.workdir, f'{name}-restart.log'), env=storage.env())
+  try:
+    restored = again.wait_for_log(_RESTORED, timeout=900)
+  finally:
+    again.kill()
+  assert int(restored.group(1)) == step, (restored.group(0), step)
+  storage.clean(job_dir)
+  got = dict(lost=killed - captured, restore=float(restored.group(2)), step=step)
+  measure.say(f'kill {name}: restorable step {step}, {got["lost"]:.2f} s of training lost, restored in '
+              f'{got["restore"]:.3f} s')
+  return got
+
+
+def local_tier(storage: Storage, size: str, pairs: int, secs: float = 30.0) -> list[Figure]:
+  """An unplanned kill (SIGKILL, no save) after `secs` of training: the local tier every 1 s (Pax's
+  interval saves to the bucket beside it) against bucket-only continuous saving; then each restart's
+  restore (the local tier's step from the local disk, the other's from the bucket)."""
+  with_local, bucket_only = [], []
+  for i in range(pairs):
+    name = f'local-{size}-{storage.name}-{i}'
+    flags = _local_flags(storage, name)
+    with_local.append(_killed_and_restored(storage, size, name, secs, flags,
+                                           os.path.join(storage.workdir, f'{name}-local-0')))
+    bucket_only.append(_killed_and_restored(storage, size, f'bucket-{size}-{storage.name}-{i}', secs,
+                                            CONTINUOUS, None))
+    for folder in (f'{name}-local-0',):
+      shutil.rmtree(os.path.join(storage.workdir, folder), ignore_errors=True)
+  where = f'{size}, {storage.name}'
+  return [Figure(f'training lost on an unplanned kill, local tier every 1 s vs bucket-only continuous, {where}', 's',
+                 [r['lost'] for r in with_local], [r['lost'] for r in bucket_only], 'bucket-only continuous'),
+          Figure(f'restore after the kill, local tier vs bucket, {where}', 's', [r['restore'] for r in with_local],
+                 [r['restore'] for r in bucket_only], 'bucket')]
+
+
+def local_step_time(storage: Storage, pairs: int, secs: float) -> list[Figure]:
+  """Step time with the local tier every 1 s against without (the tiny state; no bucket saves in either)."""
+  on, off = [], []
+  for i in range(pairs):
+    name = f'localstep-{i}'
+    for arm, flags, out in (('on', _local_flags(storage, name), on), ('off', (), off)):
+      run = measure.timed_run(storage, ours('TinyRareSavesAutockpt', *flags), f'{name}-{arm}', train_secs=secs,
+                              preempt=False)
+      out.append(measure.mean_step_secs(run.log) * 1e3)
+      storage.clean(run.job_dir)
+    shutil.rmtree(os.path.join(storage.workdir, f'{name}-local-0'), ignore_errors=True)
+    measure.say(f'local tier step time #{i}: on {on[-1]:.3f} ms/step, off {off[-1]:.3f} ms/step')
+  return [Figure(f'step time, local tier every 1 s vs off, tiny, {storage.name}', 'ms', on, off, 'off')]

@@ -130,7 +130,7 @@ def _run(host: int, index: int, rev: list[_Event]) -> model.Run:
     step = _step(e) if e.name in ('save_started', 'preemption', 'exit') else None
     if step is not None:
       points.append((e.t, step))
-  committed = [_step(e) for e in rev if e.name == 'save_committed']
+  committed = [_step(e) for e in rev if e.name in ('save_committed', 'local_committed')]
   max_step = values.max_known([s for _, s in points] + committed)
   exit_step = values.integer(exit_rec.get('step'))
   points.sort()
@@ -251,6 +251,26 @@ def _intervals(committed: list[model.Save]) -> tuple[model.Stats, model.Stats, f
       if a.run == b.run and dt > 0:
         rates.append(dt / ds)
   return model.Stats.of(isteps), model.Stats.of(isecs), values.median(rates)
+
+
+def _local_tier(evs: list[_Event], runs: list[model.Run]) -> model.LocalTier | None:
+  """The local tier's commits on the lowest host that logged any, and the tier each job run restored."""
+  local = [e for e in evs if e.name == 'local_committed' and _step(e) is not None]
+  starts = {(e.host, e.run): values.string(e.rec.get('restored_from')) or
+            ('bucket' if values.integer(e.rec.get('restored_step')) is not None else None)  # before the field
+            for e in evs if e.name == 'start'}
+  if not local and 'local' not in starts.values():
+    return None
+  host = min((e.host for e in local), default=0)
+  mine = [e for e in local if e.host == host]
+  gaps = [b.t - a.t for a, b in zip(mine, mine[1:]) if a.run == b.run]
+  by_index = collections.defaultdict(dict)
+  for r in runs:
+    by_index[r.index][r.host] = starts.get((r.host, r.index))
+  restored = [hosts.get(0, hosts[min(hosts)]) for _, hosts in sorted(by_index.items())]
+  return model.LocalTier(saves_committed=len(mine), interval_s=model.Stats.of(gaps),
+                         duration_s=model.Stats.of(values.number(e.rec.get('duration_s')) for e in mine),
+                         restored_from=restored)
 
 
 def _adaptive(evs: list[_Event]) -> tuple[float | None, float | None]:
@@ -479,4 +499,4 @@ def load(job_log_dir: str | os.PathLike) -> model.Report:
       event_counts=_counts(e.name for e in evs),
       save_cost_s=_save_cost(started), interval_p50_s=interval_s.p50,
       restart_cost_s=restart_cost, restart_cost_note=restart_cost_note,
-      adaptive_interval_s=adaptive_interval, adaptive_mtbf_hours=adaptive_mtbf)
+      adaptive_interval_s=adaptive_interval, adaptive_mtbf_hours=adaptive_mtbf, local=_local_tier(evs, runs))

@@ -109,6 +109,15 @@ class Restart:
 
 
 @dataclasses.dataclass
+class LocalTier:
+  """The local tier (--autockpt_local_dir): its commits, merged over hosts, and what restarts used."""
+  saves_committed: int            # local steps committed (on the lowest host that logged any)
+  interval_s: Stats               # between consecutive local commits of one run
+  duration_s: Stats               # a local save's start -> its commit
+  restored_from: list[str | None]  # per job run: 'local', 'bucket' or None (fresh, or not recorded)
+
+
+@dataclasses.dataclass
 class Report:
   job_log_dir: str
   event_files: list[str]
@@ -153,6 +162,7 @@ class Report:
   interval_p50_s: float | None    # goodput tau
   restart_cost_s: float           # goodput R
   restart_cost_note: str
+  local: LocalTier | None = None  # the local tier's saves and restores (None: the job never used one)
   adaptive_interval_s: float | None = None   # the Young/Daly interval at the last continuous save
   adaptive_mtbf_hours: float | None = None   # the MTBF it was computed for (--autockpt_mtbf_hours)
 

@@ -134,6 +134,18 @@ def _storage_lines(r: model.Report) -> list[str]:
           f'unparsable lines: {r.unparsable_lines}']
 
 
+def _local_lines(r: model.Report) -> list[str]:
+  """The local tier, where the job used one: how often it committed, and which tier each restart read."""
+  t = r.local
+  if t is None:
+    return []
+  gaps = 'n/a' if t.interval_s.p50 is None else f'{t.interval_s.p50:.2f}/{t.interval_s.p90:.2f} s'
+  took = 'n/a' if t.duration_s.p50 is None else f'{t.duration_s.p50:.3f} s'
+  tiers = ', '.join('fresh' if k is None else k for k in t.restored_from)
+  return [f'local tier: {t.saves_committed} saves committed, interval P50/P90 {gaps}, duration P50 {took}; '
+          f'runs restored from: {tiers}']
+
+
 def _goodput_line(r: model.Report, mtbf_hours: float | None) -> str:
   if mtbf_hours is None:
     return (f'goodput: pass --mtbf_hours H (save cost {_fmt_s(r.save_cost_s)}, '
@@ -168,6 +180,7 @@ def format_text(report: model.Report, mtbf_hours: float | None = None) -> str:
       _notice_line(r),
       *_exit_lines(r),
       *_storage_lines(r),
+      *_local_lines(r),
       f'restart cost R: {_fmt_s(r.restart_cost_s)} ({r.restart_cost_note})',
       _goodput_line(r, mtbf_hours),
       *_adaptive_lines(r),
