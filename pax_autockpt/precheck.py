@@ -169,6 +169,12 @@ def run(argv: list[str]) -> None:
   if job and '://' not in job and os.path.exists(job) and not os.path.isdir(job):
     raise settings_lib.ConfigError(
         f'--job_log_dir={job} is not writable (it is a file): choose a directory you can write to.')
+  local = flag.get('autockpt_local_dir')
+  if local:
+    mine = local.replace('{host}', str(wiring.host_idx if wiring.host_idx is not None else 0))
+    if os.path.exists(mine) and not os.path.isdir(mine):
+      raise settings_lib.ConfigError(f'--autockpt_local_dir={local} is not writable ({mine} is a file): choose a '
+                                     "directory on this host's own disk.")
   missing = experiment_names.module_missing(values['exp']) if values.get('exp') else None
   if missing:
     raise settings_lib.ConfigError(missing)

@@ -156,3 +156,27 @@ def test_two_hosts_a_replaced_host_is_filled_by_its_replica_and_without_local_co
   for host in (0, 1):
     process.wait_until(lambda h=host: len(_run_starts(job_dir, h)) == 3, f'host {host}\'s start event', 30, 1.0)
     assert _run_starts(job_dir, host)[-1] == (FINAL, 'bucket')
+
+
+@pytest.mark.soak
+def test_four_hosts_in_two_slices_a_replaced_host_is_filled_by_the_same_host_of_the_other_slice(jobs, tmp_path):
+  """`make soak`: 4 hosts as 2 slices of 2 (DCN [2, 1, 1], the model split over a slice's 2 hosts), job
+  directory on local disk. SIGKILL; host 1's local directory removed: host 1 holds the other half of the model
+  than host 0, so its copy comes from host 3 (the same half in slice 1), and every host restores the newest
+  local step."""
+  os.environ['AUTOCKPT_TINY_TFRECORD'] = tfrecord_lm_input.write_corpus(str(tmp_path / 'data.tfrecord'))
+  job_dir = str(tmp_path / 'job')
+  argv = [sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', '--num_hosts=4', '--num_slices=2', '--',
+          f'--exp={TWO_HOSTS}', f'--job_log_dir={job_dir}', '--autockpt_notices=off', *_local_flags(tmp_path)]
+  run = process.Job(argv, str(tmp_path / 'run1.log'))
+  jobs.append(run)
+  process.wait_until(lambda: _local_steps(job_dir, 3, 200), 'local saves past step 200', 600, 0.2, run)
+  run.kill()
+  newest = min(layout.local_committed_steps(tmp_path / f'local-{h}')[-1] for h in (0, 2, 3))
+  shutil.rmtree(tmp_path / 'local-1')
+  run = process.Job(argv, str(tmp_path / 'run2.log'))
+  jobs.append(run)
+  assert run.wait(900) == 0, run.log()[-3000:]
+  assert re.search(rf'\[host 1\].*local step {newest} received from host 3', run.log()), run.log()[-3000:]
+  for host in range(4):
+    assert _run_starts(job_dir, host)[-1] == (newest, 'local'), host

@@ -114,3 +114,12 @@ def test_help_exits_0_without_importing_paxml():
   assert all(settings_lib.flag_name(f) in out.stdout for f in settings_lib.FIELDS if settings_lib.flag_name(f))
   imported = [line.rsplit('|', 1)[1].strip() for line in out.stderr.splitlines() if line.startswith('import time:')]
   assert imported and not [m for m in imported if m.split('.')[0] in ('paxml', 'jax', 'tensorflow')]
+
+
+def test_a_local_dir_that_is_a_file_or_on_object_storage_is_one_line_before_paxml(tmp_path):
+  (tmp_path / 'local-0').write_text('not a directory')
+  assert _error(TINY, JOB, f'--autockpt_local_dir={tmp_path}/local-{{host}}') == (
+      f"--autockpt_local_dir={tmp_path}/local-{{host}} is not writable ({tmp_path}/local-0 is a file): choose a "
+      "directory on this host's own disk.")
+  assert 'use a path on the host\'s own disk' in _error(TINY, JOB, '--autockpt_local_dir=gs://b/local')
+  precheck.run(['main', TINY, JOB, f'--autockpt_local_dir={tmp_path}/new-{{host}}'])  # fine: made at start
