@@ -442,6 +442,12 @@ class AutockptCheckpointer:
                        plan=exit_plan.action, why=exit_plan.why, **self._signal_fields(deadline))
     logging.info('[autockpt] Preemption: every host agreed on step %d; %s (%s).', step, _PLAN_WORDS[exit_plan.action],
                  exit_plan.why)
+    if exit_plan.action == grace.SAVE and deadline is not None and self._background.in_flight:
+      exit_plan, saved = self._replanned(step, deadline), step
+      if exit_plan.action != grace.SAVE:
+        saved = exit_plan.kept_step
+        self._events.write('exit_replanned', step=step, plan=exit_plan.action, saved_step=saved, why=exit_plan.why)
+        logging.info('[autockpt] Step %d: %s (%s).', step, _PLAN_WORDS[exit_plan.action], exit_plan.why)
     if exit_plan.action == grace.GIVE_UP:
       raise outcomes.SaveFailed(step, f'No time left to save step {step} ({exit_plan.why}); the newest committed '
                                 f'checkpoint is {self.newest_committed()}')
@@ -462,6 +468,18 @@ class AutockptCheckpointer:
             in_flight_step=self._background.saving_step,
             in_flight_elapsed_s=self._background.saving_for())).encode()
     return grace.ExitPlan.decode(agreement.first_report(f'autockpt/exit-plan/{step}', self._events.host, mine))
+
+  def _replanned(self, step: int, deadline: grace.Deadline) -> grace.ExitPlan:
+    """The plan was to save after the save in flight: once that one finished (waited for within the
+    budget), the primary plans again with its measured duration, and every host follows."""
+    in_flight = self._background.saving_step
+    self._background.wait(_time_left(deadline))
+    mine = None
+    if self._events.host == 0:
+      committed = in_flight if in_flight is not None and layout.is_committed(self._step_dir(in_flight)) else None
+      mine = grace.replan(grace.ExitContext(remaining_s=deadline.remaining(), save_duration_s=self._costs.duration_s),
+                          committed, self._costs.last_duration_s).encode()
+    return grace.ExitPlan.decode(agreement.first_report(f'autockpt/exit-replan/{step}', self._events.host, mine))
 
   def _on_notice(self, step: int, notice: notices.Notice, state: dict[str, Any]) -> None:
     """A maintenance or preemption notice (any host's): every host saves this step; training goes on

@@ -32,6 +32,7 @@ class SaveCosts:
     self._lock = threading.Lock()
     self._blocking = _Mean()
     self._duration = _Mean()
+    self.last_duration_s: float | None = None  # the newest save's start -> commit
 
   def add(self, reason: str, blocking_s: float | None, duration_s: float | None) -> None:
     with self._lock:
@@ -39,6 +40,7 @@ class SaveCosts:
         self._blocking.add(blocking_s)
       if duration_s is not None:
         self._duration.add(duration_s)
+        self.last_duration_s = duration_s
 
   @property
   def blocking_s(self) -> float | None:

@@ -84,6 +84,18 @@ def plan(ctx: ExitContext) -> ExitPlan:
   return ExitPlan(GIVE_UP, f'{budget}: no time for a save')
 
 
+def replan(ctx: ExitContext, committed_step: int | None, took_s: float | None) -> ExitPlan:
+  """After the save in flight finished, when the first plan was SAVE: its own measured duration (`took_s`)
+  may say a new save no longer fits what is left (the first plan projected it from earlier saves). Then
+  exit naming the step it committed (`committed_step`; None when it failed: GIVE_UP)."""
+  measured = [d for d in (ctx.save_duration_s, took_s) if d is not None]
+  again = plan(dataclasses.replace(ctx, save_duration_s=max(measured) if measured else None, in_flight_step=None))
+  if again.action == SAVE or committed_step is None:
+    return again
+  return ExitPlan(KEEP_IN_FLIGHT, f'{again.why} after the save of step {committed_step} took {took_s or 0:.1f} s',
+                  kept_step=committed_step)
+
+
 _armed: list['Watchdog'] = []  # a signal is process-wide, and so are the watchdogs it armed
 
 

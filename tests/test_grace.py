@@ -32,6 +32,22 @@ def test_plan_saves_only_what_fits(ctx, action):
   assert grace.ExitPlan.decode(got.encode()) == got
 
 
+@pytest.mark.parametrize('remaining, mean, took, committed, action', [
+    (37.9, 20.0, 24.0, 100, grace.KEEP_IN_FLIGHT),  # a new save: 1.5 x 24 (the longer) + 2 = 38 s > 37.9
+    (38.0, 20.0, 24.0, 100, grace.SAVE),
+    (50.0, 20.0, 24.0, 100, grace.SAVE),  # the save in flight took longer than the mean; a new one still fits
+    (30.0, 15.0, 24.0, 100, grace.KEEP_IN_FLIGHT),  # the mean said 24.5 s fits, the save just measured says not
+    (30.0, 15.0, 24.0, None, grace.GIVE_UP),  # and it failed: nothing to name but the newest committed
+    (30.0, None, None, 100, grace.SAVE),  # nothing measured: try, bounded
+])
+def test_replan_after_the_save_in_flight_uses_its_measured_duration(remaining, mean, took, committed, action):
+  got = grace.replan(_ctx(remaining, mean), committed, took)
+  assert got.action == action, got
+  assert got.kept_step == (committed if action == grace.KEEP_IN_FLIGHT else None)
+  if action == grace.KEEP_IN_FLIGHT:
+    assert got.why.endswith(f'after the save of step {committed} took {took:.1f} s')
+
+
 def test_plan_says_why_in_words():
   why = grace.plan(_ctx(30.0, 25.0, in_flight=100, elapsed=5.0)).why
   assert why == '30.0 s left of the grace period, a save takes ~25.0 s: no time for a new save after the one of ' \

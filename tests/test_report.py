@@ -444,3 +444,14 @@ def test_local_tier_commits_and_the_tier_each_restart_restored_with_steps_lost_t
   assert ('local tier: 6 saves committed, interval P50/P90 1.00/1.00 s, duration P50 0.035 s; runs restored from: '
           'fresh, local, bucket') in text
   assert 'local tier' not in report.text.format_text(report.load(single_run(tmp_path / 'other')))
+
+
+def test_an_exit_plan_changed_after_the_save_in_flight_is_the_one_reported(tmp_path):
+  job = Job(tmp_path)
+  job.start(0, 0.0)
+  job.save(0, 1.0, 100, reason='continuous', duration=30.0)
+  job.ev(0, 5.0, 'preemption', step=140, signal='SIGTERM', signal_at=T0 + 4.5, plan='save', saved_step=140, why='x')
+  job.ev(0, 31.0, 'exit_replanned', step=140, plan='keep_in_flight', saved_step=100, why='no time after it')
+  job.ev(0, 31.5, 'exit', code=143, step=140)
+  p, = report.load(job.write(checkpoints=[100])).preemptions
+  assert (p.plan, p.saved_step) == ('keep_in_flight', 100)

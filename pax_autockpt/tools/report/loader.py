@@ -294,10 +294,12 @@ def _save_cost(started: list[model.Save]) -> float | None:
 # Preemptions.
 
 
-def _preemption(group: _Group, run_by_key: dict[tuple[int, int], model.Run]) -> model.Preemption:
+def _preemption(group: _Group, run_by_key: dict[tuple[int, int], model.Run],
+                replanned: dict[tuple[int, int, int | None], _Event]) -> model.Preemption:
   """One preemption merged over hosts, with how long each host took from the signal's arrival (on the
   host it reached first; logs written before arrivals were recorded: from the agreement) to its exit."""
   first = _pick(group)
+  plan = replanned.get((first.host, first.run, _step(first)), first)  # the plan changed after the save in flight
   arrivals = [a for a in (values.number(e.rec.get('signal_at')) for e in group.values()) if a is not None]
   signal_at = min(arrivals) if arrivals else None
   agreed_at = min(e.t for e in group.values())
@@ -315,13 +317,14 @@ def _preemption(group: _Group, run_by_key: dict[tuple[int, int], model.Run]) -> 
       t=first.t, hosts=sorted(group), exit_after_s=values.max_known(by_host.values()),
       exit_after_s_by_host=dict(sorted(by_host.items())), exit_codes=sorted(set(codes)), signal_at=signal_at,
       agreed_after_s=None if signal_at is None else max(0.0, agreed_at - signal_at),
-      plan=values.string(first.rec.get('plan')), saved_step=values.integer(first.rec.get('saved_step')))
+      plan=values.string(plan.rec.get('plan')), saved_step=values.integer(plan.rec.get('saved_step')))
 
 
 def _preemptions(evs: list[_Event],
                  run_by_key: dict[tuple[int, int], model.Run]) -> list[model.Preemption]:
   # A preemption may lack an agreed step; it is still a preemption.
-  found = [_preemption(g, run_by_key) for g in _merge(evs, 'preemption', required=False).values()]
+  replanned = {(e.host, e.run, _step(e)): e for e in evs if e.name == 'exit_replanned'}
+  found = [_preemption(g, run_by_key, replanned) for g in _merge(evs, 'preemption', required=False).values()]
   return sorted(found, key=lambda p: p.t)
 
 
