@@ -198,6 +198,8 @@ class AutockptCheckpointer:
 
   def wait_until_finished(self):
     self._background.wait()
+    if self._local is not None:
+      self._local.wait()
     self._inner.wait_until_finished()
 
   def _latest_step(self) -> int | None:

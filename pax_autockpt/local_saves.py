@@ -63,6 +63,11 @@ class LocalSaves:
                                     name=f'autockpt-local-{step}', daemon=True)
     self._thread.start()
 
+  def wait(self, timeout: float | None = PEER_WAIT_SECS) -> None:
+    """At the end of training: the local save in flight ends before the process does (bounded)."""
+    if self._thread is not None:
+      self._thread.join(timeout)
+
   @property
   def in_flight(self) -> bool:
     return self._thread is not None and self._thread.is_alive()
