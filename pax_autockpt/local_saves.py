@@ -85,7 +85,7 @@ class LocalSaves:
       partial, arrays = local_tier.write_part(self.folder, step, snapshot)
       inputs = self._exchange(step, snapshot.input_state)
       fp = local_tier.fingerprint_of(snapshot)
-      local_tier.commit(partial, local_tier.index(step, self._host, self._hosts, fp, arrays, inputs))
+      local_tier.commit(partial, local_tier.index(step, self._host, self._hosts, fp, arrays, inputs, start))
     except Exception as e:  # pylint: disable=broad-except
       logging.warning('[autockpt] local save of step %d not committed: %s', step, failures.one_line(e))
       if partial is not None and partial.exists():

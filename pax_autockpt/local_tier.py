@@ -129,8 +129,11 @@ def commit(partial: epath.Path, index: dict[str, Any]) -> epath.Path:
   return final
 
 
-def index(step: int, host: int, hosts: int, fp: str, arrays: dict[str, Any], inputs: dict[int, bytes | None]) -> dict:
+def index(step: int, host: int, hosts: int, fp: str, arrays: dict[str, Any], inputs: dict[int, bytes | None],
+          captured_at: float | None = None) -> dict:
+  """`captured_at`: when the step's state was copied (unix seconds), what a kill's lost training counts from."""
   return {'format': FORMAT, 'hash': manifest_lib.HASH, 'step': step, 'host': host, 'hosts': hosts, 'fingerprint': fp,
+          'captured_at': captured_at,
           'arrays': arrays, 'inputs': {str(h): None if v is None else base64.b64encode(v).decode()
                                        for h, v in inputs.items()}}
 

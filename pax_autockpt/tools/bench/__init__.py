@@ -75,7 +75,7 @@ def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
   if kind == 'adaptive':
     return scenarios.adaptive(storage, args.pairs)
   if kind == 'localtier':
-    return scenarios.local_tier(storage, rest[0], args.pairs)
+    return scenarios.local_tier_kill(storage, rest[0], args.pairs)
   if kind == 'localstep':
     return scenarios.local_step_time(storage, args.pairs, args.secs)
   raise SystemExit(f'error: unknown scenario {name!r}: choose from {DEFAULT},decision_scale')

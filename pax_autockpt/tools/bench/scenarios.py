@@ -10,6 +10,7 @@ import time
 
 from pax_autockpt import events as events_lib
 from pax_autockpt import layout
+from pax_autockpt import local_tier
 from pax_autockpt.tools import process
 from pax_autockpt.tools.bench import measure
 from pax_autockpt.tools.bench.measure import Figure
@@ -533,9 +534,12 @@ def _restorable(run_events: list[dict], job_dir: str, local: str | None) -> tupl
   bucket = layout.newest_committed(layout.checkpoint_dir(job_dir))
   local_step = layout.local_committed_steps(local)[-1] if local and layout.local_committed_steps(local) else None
   step = max(s for s in (bucket, local_step) if s is not None)
-  captured = [e['t'] - e['duration_s'] for e in run_events if e['event'] == 'local_committed' and e['step'] == step]
-  captured += [e['t'] for e in run_events if e['event'] == 'save_started' and e['step'] == step]
-  return step, min(captured)
+  if step == local_step:  # the index says when (on gs:// a killed process's last events may never upload)
+    return step, local_tier.read_index(layout.local_step_dir(local, step))['captured_at']
+  captured = [e['t'] for e in run_events if e['event'] == 'save_started' and e['step'] == step]
+  if not captured:
+    raise RuntimeError(f'no save_started event of step {step} in {job_dir}: the kill came before its upload')
+  return step, captured[0]
 
 
 def _killed_and_restored(storage: Storage, size: str, name: str, secs: float, flags: tuple[str, ...],
@@ -567,7 +571,7 @@ def _killed_and_restored(storage: Storage, size: str, name: str, secs: float, fl
   return got
 
 
-def local_tier(storage: Storage, size: str, pairs: int, secs: float = 30.0) -> list[Figure]:
+def local_tier_kill(storage: Storage, size: str, pairs: int, secs: float = 30.0) -> list[Figure]:
   """An unplanned kill (SIGKILL, no save) after `secs` of training: the local tier every 1 s (Pax's
   interval saves to the bucket beside it) against bucket-only continuous saving; then each restart's
   restore (the local tier's step from the local disk, the other's from the bucket)."""
