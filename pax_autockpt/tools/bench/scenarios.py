@@ -185,14 +185,17 @@ def _sigterm_mid_save(storage: Storage, size: str, name: str, budget: float) -> 
     job.kill()
   events = events_lib.read(job_dir)
   preemption = ([e for e in events if e['event'] == 'preemption'] or [{'step': None}])[-1]  # none: cut short
+  replanned = [e for e in events if e['event'] == 'exit_replanned']
+  plan = (replanned or [preemption])[-1]  # once the save in flight finished, the plan may have changed
   committed = {e['step']: e['duration_s'] for e in events if e['event'] == 'save_committed'}
   if preemption['step'] is None:
     measure.say(f'{name}: exit {code}, no preemption event; its last lines: '
                 + ' | '.join(x[-200:] for x in job.log().splitlines() if '[autockpt]' in x)[-2000:])
   storage.clean(job_dir)
-  saved = preemption.get('saved_step')
-  return dict(code=code, exit=took, in_flight=step, plan=preemption.get('plan'), agreed=preemption['step'],
-              committed=saved if saved in committed else None, save_s=statistics.median(committed.values()))
+  saved = plan.get('saved_step')
+  return dict(code=code, exit=took, in_flight=step, plan=plan.get('plan'), replanned=bool(replanned),
+              agreed=preemption['step'], committed=saved if saved in committed else None,
+              save_s=statistics.median(committed.values()))
 
 
 def on_demand(storage: Storage, size: str, pairs: int, fmt: tuple[str, ...] = ()) -> list[Figure]:
