@@ -42,3 +42,16 @@ def test_each_exit_code_reads_as_words(tmp_path, code, words):
   job = str(tmp_path / 'job')
   _run(job, ('start', {'restored_step': 5}), ('exit', {'code': code, 'step': 9}))
   assert f': {words} at step 9, exit {code}, ' in status.run_line(job)
+
+
+def test_a_job_with_a_local_tier_says_its_newest_local_step_and_whether_a_restart_takes_it(tmp_path, capsys):
+  job = str(tmp_path / 'job')
+  fakes.write_checkpoint(layout.step_dir(layout.checkpoint_dir(job), 0))
+  _run(job, ('start', {'restored_step': None}), ('local_committed', {'step': 300, 'duration_s': 0.02}))
+  status.run(job)
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[1].startswith('local tier: step 300 committed on host 0 at ') and lines[1].endswith(
+      ', newer: the same command resumes from it where every host still holds its copy, or a replica does')
+  _run(job, ('start', {'restored_step': 300, 'restored_from': 'local'}))
+  status.run(job)
+  assert 'from step 300 of the local tier): no exit recorded' in capsys.readouterr().out

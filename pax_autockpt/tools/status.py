@@ -1,5 +1,6 @@
 """`pax-autockpt status JOB_LOG_DIR`: where a job stands, in two lines — the newest committed checkpoint
-(what the same command would resume from) and how the last run ended. Local disk or gs://; reads only
+(what the same command would resume from) and how the last run ended — and a third between them where
+the job uses a local tier (host 0's newest local step). Local disk or gs://; reads only
 the checkpoint listing and host 0's event log, so it answers while the job runs.
 """
 
@@ -34,7 +35,8 @@ def run_line(job_log_dir: str) -> str:
     return 'last run: none recorded'
   run = evs[starts[-1]:]
   restored = run[0].get('restored_step')
-  began = f'last run (started {_when(run[0]["t"])}, {"fresh" if restored is None else f"from step {restored}"})'
+  tier = ' of the local tier' if run[0].get('restored_from') == 'local' else ''
+  began = f'last run (started {_when(run[0]["t"])}, {"fresh" if restored is None else f"from step {restored}{tier}"})'
   ended = next((e for e in reversed(run) if e['event'] == 'exit'), None)
   if ended is None:
     return f'{began}: no exit recorded: still running, or killed without a chance to save (SIGKILL, a crash)'
@@ -45,10 +47,24 @@ def run_line(job_log_dir: str) -> str:
   return f'{began}: {how}{signal} at step {ended.get("step")}, exit {code}, {_when(ended["t"])}'
 
 
+def local_line(job_log_dir: str) -> str | None:
+  """Where the job uses a local tier: host 0's newest local commit, and whether a restart would take it."""
+  local = [e for e in events_lib.read(job_log_dir, 0) if e['event'] == 'local_committed']
+  if not local:
+    return None
+  step, newest = local[-1]['step'], layout.newest_committed(layout.checkpoint_dir(job_log_dir))
+  newer = (', newer: the same command resumes from it where every host still holds its copy, or a replica does'
+           if newest is None or step > newest else '')
+  return f'local tier: step {step} committed on host 0 at {_when(local[-1]["t"])}{newer}'
+
+
 def run(job_log_dir: str) -> int:
   if not epath.Path(job_log_dir).exists():
     print(f'status: error: {job_log_dir} does not exist', file=sys.stderr)
     return 2
   print(checkpoint_line(job_log_dir))
+  local = local_line(job_log_dir)
+  if local:
+    print(local)
   print(run_line(job_log_dir))
   return 0
