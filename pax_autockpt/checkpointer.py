@@ -445,7 +445,7 @@ class AutockptCheckpointer:
     logging.info('[autockpt] Preemption: every host agreed on step %d; %s (%s).', step, _PLAN_WORDS[exit_plan.action],
                  exit_plan.why)
     if exit_plan.action == grace.SAVE and deadline is not None and self._background.in_flight:
-      exit_plan, saved = self._replanned(step, deadline), step
+      exit_plan = self._replanned(step, deadline)
       if exit_plan.action != grace.SAVE:
         saved = exit_plan.kept_step
         self._events.write('exit_replanned', step=step, plan=exit_plan.action, saved_step=saved, why=exit_plan.why)

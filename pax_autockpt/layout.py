@@ -250,8 +250,9 @@ def local_step_dir(folder: epath.PathLike, step: int) -> epath.Path:
   return epath.Path(folder) / f'step_{step:08d}'
 
 
-def local_partial_dir(folder: epath.PathLike, step: int) -> epath.Path:
-  return epath.Path(folder) / f'step_{step:08d}{_LOCAL_PARTIAL}'
+def local_partial_dir(folder: epath.PathLike, step: int, replaced: bool = False) -> epath.Path:
+  """A local step being written; `replaced`: a committed one moved aside for a new copy of its step."""
+  return epath.Path(folder) / f'step_{step:08d}{".replaced" if replaced else ""}{_LOCAL_PARTIAL}'
 
 
 def local_committed_steps(folder: epath.PathLike) -> list[int]:
@@ -263,7 +264,11 @@ def local_committed_steps(folder: epath.PathLike) -> list[int]:
   return sorted(int(m.group(1)) for m in found if m and (folder / m.group(0) / LOCAL_INDEX).exists())
 
 
-def local_partials(folder: epath.PathLike) -> list[epath.Path]:
-  """Local saves that never committed (a kill mid-save, a peer that never finished its part)."""
+def local_partials(folder: epath.PathLike) -> list[tuple[int, epath.Path]]:
+  """(step, path) of local saves that never committed (a kill mid-save, a peer that never finished its
+  part) and of replaced copies a kill left behind."""
   folder = epath.Path(folder)
-  return [p for p in folder.iterdir() if p.name.endswith(_LOCAL_PARTIAL)] if folder.is_dir() else []
+  if not folder.is_dir():
+    return []
+  found = ((_LOCAL_STEP.match(p.name), p) for p in folder.iterdir() if p.name.endswith(_LOCAL_PARTIAL))
+  return [(int(m.group(1)), p) for m, p in found if m]

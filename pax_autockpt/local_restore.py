@@ -86,7 +86,7 @@ class LocalRestore:
     self.folder = epath.Path(folder)
     self._host, self._hosts = host, hosts
 
-  def usable_steps(self, hosts: int, needs_input: bool) -> dict[int, str]:
+  def usable_steps(self, needs_input: bool) -> dict[int, str]:
     """Committed local steps that read back as written, for this number of hosts, with every host's
     input position where the run restores one: step -> fingerprint."""
     usable = {}
@@ -100,6 +100,7 @@ class LocalRestore:
                         failures.one_line(e))
         continue
       inputs = found.get('inputs', {})
+      hosts = self._hosts
       if found.get('hosts') == hosts and (not needs_input or all(inputs.get(str(h)) for h in range(hosts))):
         usable[step] = found['fingerprint']
     return usable
@@ -107,7 +108,7 @@ class LocalRestore:
   def plan(self, needs: str, bucket_step: int | None, needs_input: bool) -> Plan | None:
     """Every host's reports, one plan on every host."""
     try:
-      has = self.usable_steps(self._hosts, needs_input)
+      has = self.usable_steps(needs_input)
     except OSError as e:
       logging.warning('[autockpt] local tier %s unreadable: %s', self.folder, failures.one_line(e))
       has = {}

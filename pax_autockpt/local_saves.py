@@ -48,7 +48,6 @@ class LocalSaves:
     self._last_start = 0.0
     self._published: list[int] = []  # steps whose coordination keys this host set
     self._newest = max(layout.local_committed_steps(self.folder), default=-1)  # e.g. the step just restored
-    self.committed: list[int] = []
 
   def maybe_save(self, step: int, train_state: Any, pipeline: Any = None) -> None:
     """Once per loop iteration on every host, in the same order."""
@@ -92,7 +91,6 @@ class LocalSaves:
         partial.rmtree()
       return
     duration = time.time() - start
-    self.committed.append(step)
     self._events.write('local_committed', step=step, duration_s=round(duration, 6), bytes=snapshot.nbytes)
     logging.log_every_n_seconds(logging.INFO, '[autockpt] local save of step %d committed in %.3f s (%.1f MB).',
                                 60, step, duration, snapshot.nbytes / 1e6)
@@ -130,8 +128,8 @@ class LocalSaves:
     try:
       for step in steps[:-self._keep]:
         layout.local_step_dir(self.folder, step).rmtree()
-      for partial in layout.local_partials(self.folder):
-        if int(partial.name[len('step_'):].split('.')[0]) < newest:
+      for step, partial in layout.local_partials(self.folder):
+        if step < newest:
           partial.rmtree()
     except OSError as e:
       logging.warning('[autockpt] could not prune the local tier %s: %s', self.folder, failures.one_line(e))

@@ -118,8 +118,8 @@ def write_part(folder: epath.PathLike, step: int, snapshot: Snapshot) -> tuple[e
 def commit(partial: epath.Path, index: dict[str, Any]) -> epath.Path:
   """The index, then the rename that commits the step; both synced."""
   _write_synced(partial / layout.LOCAL_INDEX, json.dumps(index).encode())
-  final = partial.with_name(partial.name.rsplit('.', 1)[0])
-  replaced = final.with_name(f'{final.name}.replaced.partial')  # a leftover the next commit removes
+  final = layout.local_step_dir(partial.parent, index['step'])
+  replaced = layout.local_partial_dir(partial.parent, index['step'], replaced=True)  # the next commit removes it
   if final.exists():  # the same step again (a peer's copy for a damaged one, a step trained again): the new wins
     final.rename(replaced)
   partial.rename(final)

@@ -74,7 +74,7 @@ def test_a_flipped_byte_or_a_lost_index_is_damage_and_the_step_is_not_offered(tm
   with pytest.raises(local_tier.LocalDamage, match='does not match its digest'):
     path = layout.local_step_dir(tmp_path, 30)
     local_tier.read_shards(path, local_tier.read_index(path))
-  assert list(local_restore.LocalRestore(tmp_path, host=0, hosts=1).usable_steps(1, needs_input=False)) == [10]
+  assert list(local_restore.LocalRestore(tmp_path, host=0, hosts=1).usable_steps(needs_input=False)) == [10]
   assert layout.local_step_dir(tmp_path, 30).exists()  # left where it is: never deleted on a restart
 
 
@@ -84,8 +84,8 @@ def test_a_half_written_step_is_never_listed_and_the_next_commit_removes_older_l
   snap = local_tier.capture(state)
   local_tier.write_part(tmp_path, 40, snap)  # killed before the commit
   assert layout.local_committed_steps(tmp_path) == [10]
-  assert [p.name for p in layout.local_partials(tmp_path)] == ['step_00000040.partial']
-  assert list(local_restore.LocalRestore(tmp_path, host=0, hosts=1).usable_steps(1, needs_input=False)) == [10]
+  assert [(s, p.name) for s, p in layout.local_partials(tmp_path)] == [(40, 'step_00000040.partial')]
+  assert list(local_restore.LocalRestore(tmp_path, host=0, hosts=1).usable_steps(needs_input=False)) == [10]
   # Continuous local saves (one host), keep 2: the newest two stay, the older leftover goes with them.
   saves = local_saves.LocalSaves(tmp_path, min_interval_secs=0, keep=2, events=events_lib.EventLog(tmp_path / 'job', 0))
   for step in (50, 60, 70):
@@ -102,8 +102,8 @@ def test_steps_without_every_hosts_input_position_or_for_another_number_of_hosts
   _save(tmp_path, 10, state)  # no input position
   _save(tmp_path, 20, state, _Input(20), hosts=2)
   listing = local_restore.LocalRestore(tmp_path, host=0, hosts=1)
-  assert list(listing.usable_steps(1, needs_input=False)) == [10]
-  assert list(listing.usable_steps(1, needs_input=True)) == []
+  assert list(listing.usable_steps(needs_input=False)) == [10]
+  assert list(listing.usable_steps(needs_input=True)) == []
 
 
 def test_the_plan_takes_the_newest_step_every_host_can_restore_from_its_own_copy_or_a_replicas():
