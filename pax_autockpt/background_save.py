@@ -16,6 +16,8 @@ is that step's; passed by reference, the background thread would read it after t
 batches, and a resumed run would skip them.
 """
 
+from concurrent import futures
+import contextlib
 import dataclasses
 import threading
 import time
@@ -28,6 +30,7 @@ import numpy as np
 from orbax.checkpoint import type_handlers
 
 from pax_autockpt import internals
+from pax_autockpt import layout
 
 INPUT_ITEM = 'train_input'  # paxml's checkpoint_paths.INPUT_ITEM_NAME
 
@@ -163,10 +166,23 @@ class BackgroundSaves:
     internals.use_coordination_service_for_orbax_sync()
     internals.input_handler_without_collectives(orbax_manager, INPUT_ITEM)
 
-  def _write_before_commit(self, directory: epath.Path) -> None:
-    if self._saving is not None:
-      step, items = self._saving
-      self._before_commit(step, directory, items)
+  def _write_before_commit(self, directory: epath.Path) -> futures.Future | None:
+    """Runs `before_commit` in a thread of its own, beside orbax's array writes (a daemon thread: a
+    stuck write never holds up an exit; the commit waits for its future)."""
+    if self._saving is None:
+      return None
+    step, items = self._saving
+    done = futures.Future()
+
+    def run():
+      try:
+        self._before_commit(step, directory, items)
+        done.set_result(None)
+      except BaseException as e:  # pylint: disable=broad-except
+        done.set_exception(e)
+
+    threading.Thread(target=run, name=f'autockpt-before-commit-{step}', daemon=True).start()
+    return done
 
   def capture(self, step: int, items: Any = None, save_kwargs: Any = None, metrics: Any = None,
               force: bool = False, args: Any = None) -> bool:
@@ -199,7 +215,7 @@ class BackgroundSaves:
     try:
       started(step)
       self._saving = (step, kwargs['items'])
-      with internals.uncompressed_chunks(uncompressed):
+      with internals.uncompressed_chunks(uncompressed), self._making(step):
         self._orbax_save(step, **kwargs)
         self._manager.wait_until_finished()  # the commit; raises its error and drops the step if it failed
     except BaseException as e:  # pylint: disable=broad-except
@@ -207,6 +223,11 @@ class BackgroundSaves:
     finally:
       self._saving = None
     done(step, error)
+
+  def _making(self, step: int) -> Any:
+    """On an object store: no directory markers, no repeated questions (internals)."""
+    path = layout.step_dir(self._manager.directory, step)
+    return internals.making_step_on_object_store(path) if layout.is_object_store(path) else contextlib.nullcontext()
 
   def wait(self, timeout: float | None = None) -> bool:
     """Waits for the save in flight; True when none is left."""

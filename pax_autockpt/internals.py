@@ -5,10 +5,12 @@ has one file to check. `version_warning` says in one line when other versions ar
 """
 
 import collections
+from concurrent import futures
 import contextlib
 import dataclasses
 import importlib.metadata
 import json
+import os
 import threading
 from typing import Any, Callable
 
@@ -114,18 +116,70 @@ def is_ocdbt_checkpoint(step_path: epath.Path) -> bool:
   return type_handlers.is_ocdbt_checkpoint(step_path / 'state')
 
 
-def write_before_commit(orbax_manager: Any, write: Callable[[epath.Path], None]) -> None:
-  """Has orbax's checkpoint handler call `write(directory)` once its arrays' writes are under way and
-  before the commit (the rename, or gs://'s commit marker), from the thread running the save."""
+def write_before_commit(orbax_manager: Any, start: Callable[[epath.Path], futures.Future | None]) -> None:
+  """Has orbax's checkpoint handler call `start(directory)` once its arrays' writes are under way. The
+  future it returns joins the save's commit futures, which orbax's commit thread waits for before the
+  commit (the rename, or gs://'s commit marker): what it writes overlaps the arrays' writes (on a
+  bucket, ~10 round trips less on the save's path) and a failure fails the save."""
   handler = orbax_manager._checkpointer._handler  # pylint: disable=protected-access
   original = handler.async_save
 
   async def async_save(directory, *args, **kwargs):
-    futures = await original(directory, *args, **kwargs)
-    write(epath.Path(directory))
-    return futures
+    commit_futures = await original(directory, *args, **kwargs)
+    extra = start(epath.Path(directory))
+    return commit_futures if extra is None else [commit_futures, extra]
 
   handler.async_save = async_save
+
+
+class _NewStep(threading.local):
+  path: str | None = None  # the step directory a bucket save is making, in the thread running that save
+  absent = False  # its absence is known (asked once): orbax's later questions get that answer
+
+
+_new_step = _NewStep()
+
+
+@contextlib.contextmanager
+def making_step_on_object_store(step_path: epath.Path):
+  """Within, in this thread: orbax 0.5.9 asks three times whether a new step's directory exists, then
+  makes it and each item's directory. On an object store each question costs two round trips and each
+  directory four or five (TF's client checks the parents, then writes an empty marker object), all
+  before the first array byte. A directory there is only a name prefix, and tensorstore and TF write
+  objects under one without a marker: the markers are not written, and a first answer 'absent' stands
+  until the step's directory is 'made' (17 round trips less per save; a leftover of a failed save at
+  this step is still found and removed by orbax's first question)."""
+  _install_new_step_hooks()
+  _new_step.path, _new_step.absent = os.fspath(step_path), False
+  try:
+    yield
+  finally:
+    _new_step.path, _new_step.absent = None, False
+
+
+def _install_new_step_hooks() -> None:
+  from etils.epath import gpath  # pylint: disable=g-import-not-at-top
+  cls = gpath._GPath  # pylint: disable=protected-access
+  if getattr(cls, '_autockpt_hooked', False):
+    return
+  exists, mkdir = cls.exists, cls.mkdir
+
+  def hooked_exists(self) -> bool:
+    if _new_step.path is None or os.fspath(self) != _new_step.path:
+      return exists(self)
+    if _new_step.absent:
+      return False
+    found = exists(self)
+    _new_step.absent = not found
+    return found
+
+  def hooked_mkdir(self, *args, **kwargs) -> None:
+    path = os.fspath(self)
+    if _new_step.path is None or not (path == _new_step.path or path.startswith(_new_step.path + '/')):
+      return mkdir(self, *args, **kwargs)
+    _new_step.absent = False  # 'made': from now on every question goes to the storage
+
+  cls.exists, cls.mkdir, cls._autockpt_hooked = hooked_exists, hooked_mkdir, True  # pylint: disable=protected-access
 
 
 def saving_enabled(pax_checkpointer: Any) -> bool:

@@ -60,8 +60,11 @@ def build(host_state: Any, *, use_ocdbt: bool, host: int) -> dict[str, Any]:
 
 
 def write(step_path: epath.Path, manifest: dict[str, Any]) -> None:
+  """One file per host. An object store has no directories to make (a "folder" is a name prefix; making
+  one costs ~5 round trips on the save's path)."""
   path = layout.manifest_path(step_path, manifest['host'])
-  path.parent.mkdir(parents=True, exist_ok=True)
+  if not layout.is_object_store(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps(manifest, sort_keys=True))
 
 

@@ -89,6 +89,8 @@ class _Proxy(socketserver.ThreadingMixIn, http.server.HTTPServer):
     self.stats = _Stats()
     self.rng = random.Random(0)
     self.sessions_with_data: set[str] = set()  # resumable uploads whose bytes reached the server
+    self.trace: list[dict[str, Any]] | None = None  # each storage request's timing, while tracing is on
+    self.trace_lock = threading.Lock()
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -147,6 +149,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     elif what == 'stats':
       reset = 'reset=1' in self.path
       self._reply(200, json.dumps(self.server.stats.take(reset)).encode())
+    elif what == 'trace':  # body {"on": bool}: starts (empty) or stops tracing; answers what was traced
+      with self.server.trace_lock:
+        traced, self.server.trace = self.server.trace or [], [] if json.loads(body or b'{}').get('on') else None
+      self._reply(200, json.dumps(traced).encode())
     else:
       self._reply(404, b'{}')
 
@@ -161,10 +167,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.server.rng.random() < self.server.faults.fail_fraction
 
   def _forward(self):
+    start = time.time()  # the request's headers are in; its body is not
     body = self._body()
     if self.path.startswith(_CONTROL):
       self._control(body)
       return
+    if self.server.trace is None:
+      self._storage_request(body)
+      return
+    self._storage_request(body)
+    with self.server.trace_lock:
+      if self.server.trace is not None:
+        self.server.trace.append({'t': start, 'secs': round(time.time() - start, 6), 'method': self.command,
+                                  'path': urllib.parse.unquote(self.path)[:300], 'bytes': len(body),
+                                  'side': 'tf' if self.tunneled else 'tensorstore'})
+
+  def _storage_request(self, body: bytes):
     side = 'tf' if self.tunneled else 'tensorstore'
     self.server.stats.add('requests')
     self.server.stats.add(f'{side}:{self.command}')
@@ -350,6 +368,11 @@ class LocalGCS:
   def set_faults(self, **faults: Any) -> None:
     """Replaces the fault settings (see Faults); no arguments restores normal service."""
     self._json('POST', _CONTROL + 'faults', dataclasses.asdict(Faults(**faults)))
+
+  def trace(self, on: bool) -> list[dict[str, Any]]:
+    """Starts tracing every storage request (`on`), or stops it; returns what was traced until now:
+    each request's start, seconds, method, path, body bytes and client side (for the bench's profiles)."""
+    return self._json('POST', _CONTROL + 'trace', {'on': on})
 
   def stats(self, reset: bool = False) -> dict[str, int]:
     """Storage requests seen since the last reset: 'requests' in all, per 'client:METHOD' (client
