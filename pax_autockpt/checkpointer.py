@@ -35,6 +35,8 @@ from pax_autockpt import settings as settings_lib
 from pax_autockpt import signals
 from pax_autockpt import summaries as summaries_lib
 
+ROUTINE = ('continuous', 'interval')  # save reasons that compete with training: at `background_nice`
+
 
 class AutockptCheckpointer:
   """Pax's `TrainingCheckpointer` interface around the one paxml built for this run.
@@ -77,6 +79,7 @@ class AutockptCheckpointer:
     notices.watch(settings.notices, self._notices.announce)
     self._checksums = settings.checksums
     self._compression = settings.compression
+    self._nice = settings.background_nice
     self._use_ocdbt = internals.uses_ocdbt(inner)
     self._background = background_save.BackgroundSaves(
         self._orbax_manager, before_commit=self._write_manifest if settings.checksums else None)
@@ -270,6 +273,7 @@ class AutockptCheckpointer:
       self._free_name(step)
       self._background.last_save = last
       self._background.uncompressed = self._compression == 'none' or (self._compression == 'auto' and last)
+      self._background.nice = self._nice if reason in ROUTINE else 0  # an on-demand save competes with nothing
       self._inner.save_final(step, **state)  # Pax builds its items; orbax's save() takes the snapshot
     except Exception as e:  # pylint: disable=broad-except
       logging.error('[autockpt] %s save of step %d failed to start (%s); the newest committed checkpoint '
@@ -290,7 +294,7 @@ class AutockptCheckpointer:
     if interval is not None:
       adaptive = dict(interval_s=round(interval, 6), mtbf_hours=self._adaptive.mtbf_hours)
     self._events.write('save_started', t=start, step=step, reason=reason, blocking_s=round(blocking, 6),
-                       wait_s=round(waited, 6), **adaptive)
+                       wait_s=round(waited, 6), nice=background_save.thread_nice(), **adaptive)
     self._summaries.started(step, start, blocking)
     logging.info('[autockpt] %s save of step %d started (loop blocked %.3f s).', reason, step, blocking)
 
