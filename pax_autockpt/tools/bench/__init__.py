@@ -16,6 +16,8 @@ hook, decision, formats_<storage> (zarr vs OCDBT), notices_<size> (notice -> com
 (restore + manifest check vs restore), adaptive (the self-set interval against the Young/Daly
 optimum), localtier_<size>_<storage> (an unplanned kill: training lost and the restore, local tier every
 1 s against bucket-only continuous), localstep (step time with the local tier every 1 s vs off),
+nice_<storage> (continuous saving with its threads at nice 19 vs 0), tinyfloor (the tiny on-demand
+save against orbax 0.5.9 saving the same arrays alone: the fixed cost's floor),
 decision_scale (the save decision's protocol at 8 to 1,024 simulated hosts, no model; not in the default
 set: ~20 minutes).
 """
@@ -37,7 +39,7 @@ STORAGES = {'local': None, 'gcs0': 0.0, 'gcs30': 30.0}
 DEFAULT = ('tiny_local,tiny_gcs0,tiny_gcs30,ondemand_Medium_local,ondemand_Large_local,ondemand_Medium_gcs0,'
            'ondemand_Medium_gcs30,stock_Medium,restart,hook,decision,formats_local,formats_gcs30,notices_Tiny,'
            'notices_Medium,noticestart,checksums,verification,adaptive,ondemandzstd_Large_local,ondemandzstd_Medium_gcs30,'
-           'inflight_Large_gcs30,localtier_Medium_gcs30,localstep')
+           'inflight_Large_gcs30,localtier_Medium_gcs30,localstep,tinyfloor,nice_local')
 
 
 def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
@@ -76,6 +78,10 @@ def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
     return scenarios.adaptive(storage, args.pairs)
   if kind == 'localtier':
     return scenarios.local_tier_kill(storage, rest[0], args.pairs)
+  if kind == 'nice':
+    return scenarios.background_nice(storage, args.pairs, args.secs)
+  if kind == 'tinyfloor':
+    return scenarios.orbax_floor(storage, args.pairs)
   if kind == 'localstep':
     return scenarios.local_step_time(storage, args.pairs, args.secs)
   raise SystemExit(f'error: unknown scenario {name!r}: choose from {DEFAULT},decision_scale')

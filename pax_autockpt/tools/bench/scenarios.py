@@ -1,10 +1,12 @@
 """The bench's scenarios: each returns Figures from alternating, paired runs (see measure.py)."""
 
+import json
 import os
 import re
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import time
 
@@ -94,6 +96,34 @@ def tiny_saves(storage: Storage, pairs: int, secs: float, fmt: tuple[str, ...] =
     if any(v is not None for v in values):
       figures.append(Figure(f'{label}, continuous (no minimum), {where}', unit, values))
   return figures
+
+
+def background_nice(storage: Storage, pairs: int, secs: float) -> list[Figure]:
+  """Continuous saving (no minimum) with its save threads at nice 19 (the default) against nice 0 (as
+  training), saving off beside them: step time, and each save's start -> commit and interval."""
+  arms = {'off': OFF, 'nice0': (*CONTINUOUS, '--autockpt_background_nice=0'), 'nice19': CONTINUOUS}
+  step = {a: [] for a in arms}
+  stats = {a: [] for a in arms if a != 'off'}
+  for i in range(pairs):
+    for arm, flags in arms.items():
+      run = measure.timed_run(storage, ours('TinyAutockpt', *flags), f'nice-{storage.name}-{arm}-{i}',
+                              train_secs=_tiny_secs(storage, secs), preempt=False)
+      step[arm].append(measure.mean_step_secs(run.log) * 1e3)
+      if arm in stats:
+        stats[arm].append(_save_stats(run))
+      storage.clean(run.job_dir)
+      measure.say(f'nice {storage.name} {arm} #{i}: {step[arm][-1]:.2f} ms/step'
+                  + (f', {stats[arm][-1]}' if arm in stats else ''))
+  where = f'continuous (no minimum), tiny, {storage.name}'
+  per = lambda arm, key: [s[key] for s in stats[arm]]
+  return [Figure(f'step time, save threads at nice 19 vs nice 0, {where}', 'ms', step['nice19'], step['nice0'],
+                 'nice 0'),
+          Figure(f'step time, nice 19 vs saving off, {where}', 'ms', step['nice19'], step['off'], 'off'),
+          Figure(f'step time, nice 0 vs saving off, {where}', 'ms', step['nice0'], step['off'], 'off'),
+          Figure(f'save start -> commit P50, nice 19 vs nice 0, {where}', 'ms', per('nice19', 'duration_p50'),
+                 per('nice0', 'duration_p50'), 'nice 0'),
+          Figure(f'checkpoint interval P50, nice 19 vs nice 0, {where}', 's', per('nice19', 'interval_p50'),
+                 per('nice0', 'interval_p50'), 'nice 0')]
 
 
 def on_demand_zstd(storage: Storage, size: str, pairs: int) -> list[Figure]:
@@ -608,3 +638,26 @@ def local_step_time(storage: Storage, pairs: int, secs: float) -> list[Figure]:
     shutil.rmtree(os.path.join(storage.workdir, f'{name}-local-0'), ignore_errors=True)
     measure.say(f'local tier step time #{i}: on {on[-1]:.3f} ms/step, off {off[-1]:.3f} ms/step')
   return [Figure(f'step time, local tier every 1 s vs off, tiny, {storage.name}', 'ms', on, off, 'off')]
+
+
+def orbax_floor(storage: Storage, pairs: int) -> list[Figure]:
+  """A save's fixed cost against its floor: the tiny state's on-demand save (training stopped, raw chunks)
+  against orbax 0.5.9 saving the same arrays alone in a fresh process (tools/bench/orbax_floor.py: no
+  Pax, no pax-autockpt), alternating. Local disk: the floor reads the arrays' shapes from the zarr step."""
+  mine, floor = [], []
+  for i in range(pairs):
+    run = measure.timed_run(storage, ours('TinyAutockpt'), f'floor-tiny-{i}', train_secs=3, preempt=True)
+    step = [e['step'] for e in run.events if e['event'] == 'preemption'][0]
+    mine.append(run.committed()[step] * 1e3)
+    alone = os.path.join(storage.workdir, f'floor-orbax-{i}')
+    got = subprocess.run([sys.executable, '-m', 'pax_autockpt.tools.bench.orbax_floor',
+                          os.fspath(layout.step_dir(layout.checkpoint_dir(run.job_dir), step)), alone],
+                         capture_output=True, text=True, timeout=600, check=True)
+    out = json.loads(got.stdout.strip().splitlines()[-1])
+    floor.append(out['median_ms'])
+    storage.clean(run.job_dir)
+    shutil.rmtree(alone, ignore_errors=True)
+    measure.say(f'floor #{i}: our on-demand tiny save {mine[-1]:.1f} ms, orbax alone {floor[-1]:.1f} ms '
+                f'({out["arrays"]} arrays, {out["bytes"] / 1e6:.1f} MB)')
+  return [Figure(f'save start -> commit, tiny on-demand save vs orbax 0.5.9 alone (same arrays, raw chunks), '
+                 f'{storage.name}', 'ms', mine, floor, 'orbax alone')]
