@@ -165,9 +165,10 @@ class Settings:
                             "save but the one a signal's exit waits for, written raw: float weights shrink by "
                             "little and the grace period is short), 'zstd' (every save), 'none' (no save); "
                             "checkpoints of either kind restore alike", rule=_choice('auto', 'zstd', 'none'))
-  background_nice: int = option(19, "Linux nice value (0-19) of the threads writing a continuous or interval save "
-                                 "(19, the lowest: it takes the CPU time training leaves, so training slows less and "
-                                 "each save takes longer); an on-demand or final save runs at 0", rule=_nice)
+  background_nice: int = option(10, "Linux nice value (0-19) of the threads writing a continuous or interval save: "
+                                 "above 0 they yield the CPU to training (at 10 a contended core gives them ~10%), "
+                                 "so training slows less and each save takes longer; an on-demand or final save "
+                                 "runs at 0", rule=_nice)
   local_dir: str = option('', "the local tier: a directory on each host's own disk (a local SSD, or a RAM disk "
                           "such as /dev/shm/autockpt-{host}; `{host}` becomes the host index), saved continuously "
                           "beside the job directory's checkpoints; a restart restores whichever complete copy is "

@@ -56,9 +56,9 @@ def test_continuous_saves_back_to_back_keeps_latest_3_and_commits_on_demand_mid_
   assert [e['reason'] for e in started if e['step'] == step] == ['preemption']
   assert step in committed and events_of(job_dir, 'exit')[-1] == {
       **events_of(job_dir, 'exit')[-1], 'code': 143, 'step': step}
-  # Routine saves are written at the lowest CPU priority (--autockpt_background_nice=19), the on-demand one
-  # at training's.
-  assert {e['nice'] for e in regular} == {19} and on_demand_nice(started, step) == 0
+  # Routine saves are written below training's CPU priority (--autockpt_background_nice, 10), the on-demand
+  # one at training's.
+  assert {e['nice'] for e in regular} == {10} and on_demand_nice(started, step) == 0
   previous = [e for e in regular if e['step'] < step][-1]
   on_demand = [e for e in started if e['step'] == step][0]
   print(f'SIGTERM at 0; save of step {previous["step"]} started {previous["t"] - sent:+.3f} s, '

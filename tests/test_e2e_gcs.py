@@ -3,6 +3,7 @@ tensorstore, as on Cloud TPU), real signals, and the bucket's objects checked di
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -227,7 +228,8 @@ def _relaunch_preemptions(job, restored: int) -> set[int] | None:
 def _in_flight(job) -> bool:
   """A continuous save started and not yet committed (its start is logged in the save thread)."""
   log = job.log()
-  return 'Step `1` completed' in log and log.count('started (loop blocked') > log.count('committed in') >= 1
+  trained = re.search(r'Step `\d+` completed', log)  # any step: a restored run starts at its checkpoint's
+  return trained and log.count('started (loop blocked') > log.count('committed in') >= 1
 
 
 def test_grace_period_keeps_the_save_in_flight_or_exits_1_before_the_deadline(jobs, gcs, tmp_path):

@@ -16,7 +16,7 @@ hook, decision, formats_<storage> (zarr vs OCDBT), notices_<size> (notice -> com
 (restore + manifest check vs restore), adaptive (the self-set interval against the Young/Daly
 optimum), localtier_<size>_<storage> (an unplanned kill: training lost and the restore, local tier every
 1 s against bucket-only continuous), localstep (step time with the local tier every 1 s vs off),
-nice_<storage> (continuous saving with its threads at nice 19 vs 0), tinyfloor (the tiny on-demand
+nice_<storage> (continuous saving with its threads at the default nice vs 0), tinyfloor (the tiny on-demand
 save against orbax 0.5.9 saving the same arrays alone: the fixed cost's floor),
 decision_scale (the save decision's protocol at 8 to 1,024 simulated hosts, no model; not in the default
 set: ~20 minutes).

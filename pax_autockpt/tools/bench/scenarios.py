@@ -13,6 +13,7 @@ import time
 from pax_autockpt import events as events_lib
 from pax_autockpt import layout
 from pax_autockpt import local_tier
+from pax_autockpt import settings as settings_lib
 from pax_autockpt.tools import process
 from pax_autockpt.tools.bench import measure
 from pax_autockpt.tools.bench.measure import Figure
@@ -99,31 +100,32 @@ def tiny_saves(storage: Storage, pairs: int, secs: float, fmt: tuple[str, ...] =
 
 
 def background_nice(storage: Storage, pairs: int, secs: float) -> list[Figure]:
-  """Continuous saving (no minimum) with its save threads at nice 19 (the default) against nice 0 (as
+  """Continuous saving (no minimum) with its save threads at the default nice against nice 0 (as
   training), saving off beside them: step time, and each save's start -> commit and interval."""
-  arms = {'off': OFF, 'nice0': (*CONTINUOUS, '--autockpt_background_nice=0'), 'nice19': CONTINUOUS}
+  nice = f'nice {settings_lib.Settings().background_nice}'
+  arms = {'off': OFF, 'nice 0': (*CONTINUOUS, '--autockpt_background_nice=0'), nice: CONTINUOUS}
   step = {a: [] for a in arms}
   stats = {a: [] for a in arms if a != 'off'}
   for i in range(pairs):
     for arm, flags in arms.items():
-      run = measure.timed_run(storage, ours('TinyAutockpt', *flags), f'nice-{storage.name}-{arm}-{i}',
+      run = measure.timed_run(storage, ours('TinyAutockpt', *flags), f'nice-{storage.name}-{arm[-2:].strip()}-{i}',
                               train_secs=_tiny_secs(storage, secs), preempt=False)
       step[arm].append(measure.mean_step_secs(run.log) * 1e3)
       if arm in stats:
         stats[arm].append(_save_stats(run))
       storage.clean(run.job_dir)
-      measure.say(f'nice {storage.name} {arm} #{i}: {step[arm][-1]:.2f} ms/step'
+      measure.say(f'{storage.name} {arm} #{i}: {step[arm][-1]:.2f} ms/step'
                   + (f', {stats[arm][-1]}' if arm in stats else ''))
   where = f'continuous (no minimum), tiny, {storage.name}'
   per = lambda arm, key: [s[key] for s in stats[arm]]
-  return [Figure(f'step time, save threads at nice 19 vs nice 0, {where}', 'ms', step['nice19'], step['nice0'],
+  return [Figure(f'step time, save threads at {nice} vs nice 0, {where}', 'ms', step[nice], step['nice 0'],
                  'nice 0'),
-          Figure(f'step time, nice 19 vs saving off, {where}', 'ms', step['nice19'], step['off'], 'off'),
-          Figure(f'step time, nice 0 vs saving off, {where}', 'ms', step['nice0'], step['off'], 'off'),
-          Figure(f'save start -> commit P50, nice 19 vs nice 0, {where}', 'ms', per('nice19', 'duration_p50'),
-                 per('nice0', 'duration_p50'), 'nice 0'),
-          Figure(f'checkpoint interval P50, nice 19 vs nice 0, {where}', 's', per('nice19', 'interval_p50'),
-                 per('nice0', 'interval_p50'), 'nice 0')]
+          Figure(f'step time, {nice} vs saving off, {where}', 'ms', step[nice], step['off'], 'off'),
+          Figure(f'step time, nice 0 vs saving off, {where}', 'ms', step['nice 0'], step['off'], 'off'),
+          Figure(f'save start -> commit P50, {nice} vs nice 0, {where}', 'ms', per(nice, 'duration_p50'),
+                 per('nice 0', 'duration_p50'), 'nice 0'),
+          Figure(f'checkpoint interval P50, {nice} vs nice 0, {where}', 's', per(nice, 'interval_p50'),
+                 per('nice 0', 'interval_p50'), 'nice 0')]
 
 
 def on_demand_zstd(storage: Storage, size: str, pairs: int) -> list[Figure]:
