@@ -125,9 +125,9 @@ def write_before_commit(orbax_manager: Any, start: Callable[[epath.Path], future
   original = handler.async_save
 
   async def async_save(directory, *args, **kwargs):
-    commit_futures = await original(directory, *args, **kwargs)
+    commit_futures = list(await original(directory, *args, **kwargs) or [])  # flat: orbax's sync save iterates it
     extra = start(epath.Path(directory))
-    return commit_futures if extra is None else [commit_futures, extra]
+    return commit_futures if extra is None else [*commit_futures, extra]
 
   handler.async_save = async_save
 

@@ -112,17 +112,20 @@ class FakeOrbaxManager:
     if self.fail_start is not None:
       raise self.fail_start
     write_checkpoint(tmp)
-    asyncio.run(self._checkpointer._handler.async_save(tmp))  # pylint: disable=protected-access
+    commit_futures = asyncio.run(self._checkpointer._handler.async_save(tmp))  # pylint: disable=protected-access
     self._steps.append(step)
     doomed = []
     if self._options.max_to_keep:
       doomed, self._steps = self._steps[:-self._options.max_to_keep], self._steps[-self._options.max_to_keep:]
-    self._finalize_thread = FinalizeThread(target=self._finalize, args=(tmp, step, doomed, self.fail_commit),
-                                           daemon=True)
+    self._finalize_thread = FinalizeThread(target=self._finalize, daemon=True,
+                                           args=(tmp, step, doomed, self.fail_commit, commit_futures))
     self._finalize_thread.start()
     return True
 
-  def _finalize(self, tmp: epath.Path, step: int, doomed: list[int], error: BaseException | None) -> None:
+  def _finalize(self, tmp: epath.Path, step: int, doomed: list[int], error: BaseException | None,
+                commit_futures: list[Any]) -> None:
+    for future in commit_futures:  # as orbax's commit thread: every write the save started, then the commit
+      future.result()
     if not self.gate.wait(GATE_TIMEOUT_S):
       raise TimeoutError(f'the commit of step {step} was held back for {GATE_TIMEOUT_S} s')
     if error is not None:
