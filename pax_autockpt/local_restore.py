@@ -100,8 +100,7 @@ class LocalRestore:
                         failures.one_line(e))
         continue
       inputs = found.get('inputs', {})
-      hosts = self._hosts
-      if found.get('hosts') == hosts and (not needs_input or all(inputs.get(str(h)) for h in range(hosts))):
+      if found.get('hosts') == self._hosts and (not needs_input or all(inputs.get(str(h)) for h in range(self._hosts))):
         usable[step] = found['fingerprint']
     return usable
 

@@ -172,9 +172,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     if self.path.startswith(_CONTROL):
       self._control(body)
       return
-    if self.server.trace is None:
-      self._storage_request(body)
-      return
     self._storage_request(body)
     with self.server.trace_lock:
       if self.server.trace is not None:

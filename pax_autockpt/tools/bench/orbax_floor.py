@@ -1,5 +1,5 @@
 """orbax 0.5.9's own save of a checkpoint's arrays, with nothing of pax-autockpt around it: the floor under
-a save's fixed cost (bench scenario `tinyfloor_<storage>`).
+a save's fixed cost (bench scenario `tinyfloor`).
 
   python -m pax_autockpt.tools.bench.orbax_floor STEP_DIR WORKDIR [--saves N]
 

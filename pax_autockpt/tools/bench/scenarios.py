@@ -66,22 +66,31 @@ def _save_stats(run: measure.Run) -> dict:
               requests=(run.checkpoint_requests / len(every)) if run.checkpoint_requests and every else None)
 
 
-def tiny_saves(storage: Storage, pairs: int, secs: float, fmt: tuple[str, ...] = ()) -> list[Figure]:
-  """Step time with continuous checkpointing (no minimum, 1 s minimum) against saving off, and the
-  save path's per-save figures, on the tiny state."""
-  arms = {'off': OFF, 'continuous': CONTINUOUS, 'continuous_1s': CONTINUOUS_1S}
+def _tiny_arms(storage: Storage, pairs: int, secs: float, arms: dict[str, tuple[str, ...]],
+               name: str) -> tuple[dict[str, list[float]], dict[str, list[dict]]]:
+  """Alternating tiny runs, one per arm per pair: each arm's step time (ms), and the per-save figures
+  (`_save_stats`) of every arm but 'off'."""
   step = {a: [] for a in arms}
   stats = {a: [] for a in arms if a != 'off'}
   for i in range(pairs):
     for arm, flags in arms.items():
-      run = measure.timed_run(storage, ours('TinyAutockpt', *flags, *fmt), f'tiny-{storage.name}-{arm}-{i}',
-                              train_secs=_tiny_secs(storage, secs), preempt=False)
+      label = f'{name}-{storage.name}-{arm.replace(" ", "")}-{i}'
+      run = measure.timed_run(storage, ours('TinyAutockpt', *flags), label, train_secs=_tiny_secs(storage, secs),
+                              preempt=False)
       step[arm].append(measure.mean_step_secs(run.log) * 1e3)
       if arm in stats:
         stats[arm].append(_save_stats(run))
       storage.clean(run.job_dir)
-      measure.say(f'tiny {storage.name} {arm} #{i}: {step[arm][-1]:.2f} ms/step'
+      measure.say(f'{name} {storage.name} {arm} #{i}: {step[arm][-1]:.2f} ms/step'
                   + (f', {stats[arm][-1]}' if arm in stats else ''))
+  return step, stats
+
+
+def tiny_saves(storage: Storage, pairs: int, secs: float, fmt: tuple[str, ...] = ()) -> list[Figure]:
+  """Step time with continuous checkpointing (no minimum, 1 s minimum) against saving off, and the
+  save path's per-save figures, on the tiny state."""
+  arms = {'off': OFF, 'continuous': CONTINUOUS, 'continuous_1s': CONTINUOUS_1S}
+  step, stats = _tiny_arms(storage, pairs, secs, {arm: (*flags, *fmt) for arm, flags in arms.items()}, 'tiny')
   where = f'tiny, {storage.name}'
   figures = [
       Figure(f'step time, continuous (no minimum) vs off, {where}', 'ms', step['continuous'], step['off'], 'off'),
@@ -104,18 +113,7 @@ def background_nice(storage: Storage, pairs: int, secs: float) -> list[Figure]:
   training), saving off beside them: step time, and each save's start -> commit and interval."""
   nice = f'nice {settings_lib.Settings().background_nice}'
   arms = {'off': OFF, 'nice 0': (*CONTINUOUS, '--autockpt_background_nice=0'), nice: CONTINUOUS}
-  step = {a: [] for a in arms}
-  stats = {a: [] for a in arms if a != 'off'}
-  for i in range(pairs):
-    for arm, flags in arms.items():
-      run = measure.timed_run(storage, ours('TinyAutockpt', *flags), f'nice-{storage.name}-{arm[-2:].strip()}-{i}',
-                              train_secs=_tiny_secs(storage, secs), preempt=False)
-      step[arm].append(measure.mean_step_secs(run.log) * 1e3)
-      if arm in stats:
-        stats[arm].append(_save_stats(run))
-      storage.clean(run.job_dir)
-      measure.say(f'{storage.name} {arm} #{i}: {step[arm][-1]:.2f} ms/step'
-                  + (f', {stats[arm][-1]}' if arm in stats else ''))
+  step, stats = _tiny_arms(storage, pairs, secs, arms, 'nice')
   where = f'continuous (no minimum), tiny, {storage.name}'
   per = lambda arm, key: [s[key] for s in stats[arm]]
   return [Figure(f'step time, save threads at {nice} vs nice 0, {where}', 'ms', step[nice], step['nice 0'],
