@@ -185,15 +185,14 @@ class BackgroundSaves:
     self.uncompressed = False  # set by the checkpointer: the next save writes its array chunks raw
     self.nice = 0  # set by the checkpointer: the Linux nice value of the next save's thread (lower_priority)
     self.captured_bytes = 0  # the array bytes this host writes in the newest captured save
-    if before_commit is not None:
-      internals.write_before_commit(orbax_manager, self._write_before_commit)
+    internals.write_before_commit(orbax_manager, self._write_before_commit)  # also: all writes settle together
     internals.use_coordination_service_for_orbax_sync()
     internals.input_handler_without_collectives(orbax_manager, INPUT_ITEM)
 
   def _write_before_commit(self, directory: epath.Path) -> futures.Future | None:
     """Runs `before_commit` in a thread of its own, beside orbax's array writes (a daemon thread: a
     stuck write never holds up an exit; the commit waits for its future)."""
-    if self._saving is None:
+    if self._saving is None or self._before_commit is None:
       return None
     step, items = self._saving
     done = futures.Future()

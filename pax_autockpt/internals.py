@@ -120,16 +120,37 @@ def write_before_commit(orbax_manager: Any, start: Callable[[epath.Path], future
   """Has orbax's checkpoint handler call `start(directory)` once its arrays' writes are under way. The
   future it returns joins the save's commit futures, which orbax's commit thread waits for before the
   commit (the rename, or gs://'s commit marker): what it writes overlaps the arrays' writes (on a
-  bucket, ~10 round trips less on the save's path) and a failure fails the save."""
+  bucket, ~10 round trips less on the save's path) and a failure fails the save. The commit thread
+  gets them as one future (AllSettled), so a failed save ends only once none of its writes goes on."""
   handler = orbax_manager._checkpointer._handler  # pylint: disable=protected-access
   original = handler.async_save
 
   async def async_save(directory, *args, **kwargs):
-    commit_futures = list(await original(directory, *args, **kwargs) or [])  # flat: orbax's sync save iterates it
+    commit_futures = list(await original(directory, *args, **kwargs) or [])
     extra = start(epath.Path(directory))
-    return commit_futures if extra is None else [*commit_futures, extra]
+    return [AllSettled(commit_futures if extra is None else [*commit_futures, extra])]  # a list: orbax iterates it
 
   handler.async_save = async_save
+
+
+class AllSettled:
+  """One of orbax's commit futures standing for all of a save's writes: done when every one of them is
+  done, then failing with the first failure. Orbax's commit thread stops at the first failed write while
+  the others go on; the save would be reported failed and its leftovers removed while writes still
+  landed in them (seen: a full disk left the failed saves' temporary directories behind)."""
+
+  def __init__(self, writes: list[Any]):
+    self._writes = writes
+
+  def result(self, timeout: float | None = None) -> None:
+    first = None
+    for write in self._writes:
+      try:
+        write.result() if timeout is None else write.result(timeout=timeout)
+      except Exception as e:  # pylint: disable=broad-except
+        first = first or e
+    if first is not None:
+      raise first
 
 
 class _NewStep(threading.local):

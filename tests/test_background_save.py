@@ -1,10 +1,15 @@
 """The loop's snapshot of the state (pax_autockpt.background_save.to_host), on this machine's CPU."""
 
+from concurrent import futures
+import threading
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from pax_autockpt import background_save
+from pax_autockpt import internals
 
 
 def _state():
@@ -80,3 +85,21 @@ def test_a_lowered_save_thread_and_the_threads_it_starts_run_at_that_nice_value_
   thread.start()
   thread.join()
   assert got == {'save': 19, 'child': 19} and background_save.thread_nice() == before
+
+
+def test_a_failed_write_fails_the_save_only_once_every_other_write_of_it_has_ended():
+  failed, slow, ended = futures.Future(), futures.Future(), []
+  failed.set_exception(OSError('disk full'))
+
+  def finish_later():
+    time.sleep(0.3)
+    ended.append(time.time())
+    slow.set_result(None)
+
+  threading.Thread(target=finish_later).start()
+  try:
+    internals.AllSettled([failed, slow]).result()
+    raise AssertionError('no failure')
+  except OSError as e:
+    assert str(e) == 'disk full' and ended  # orbax's own loop would have raised before `slow` ended
+  internals.AllSettled([slow]).result()
