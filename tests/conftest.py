@@ -1,5 +1,7 @@
 """Shared fixtures and checks for the pax-autockpt tests."""
 
+import dataclasses
+import fcntl
 import os
 import signal
 import tempfile
@@ -17,6 +19,7 @@ from pax_autockpt import events as events_lib
 from pax_autockpt import grace
 from pax_autockpt import layout
 from pax_autockpt import signals
+from pax_autockpt.tools import process
 
 
 def checkpoint_steps(job_log_dir) -> tuple[list[int], list[str]]:
@@ -68,7 +71,7 @@ def reset_signals() -> None:
 # then soak and single-host ~40-50 s), so that no long test is left to start last.
 _SLOWEST_FIRST = ('test_e2e_exact_resume.py', 'test_e2e_gcs.py', 'test_e2e_multihost.py', 'test_soak.py',
                   'test_e2e_single_host.py',
-                  'test_e2e_ctrl_c.py', 'test_e2e_continuous.py', 'test_e2e_notices.py',
+                  'test_e2e_continuous.py', 'test_e2e_notices.py',
                   'test_e2e_restore_fallback.py', 'test_e2e_policies.py', 'test_e2e_disk_full.py',
                   'test_bad_input.py')
 
@@ -153,3 +156,44 @@ def gcs(local_gcs, request):
   local_gcs.stats(reset=True)
   yield local_gcs
   local_gcs.set_faults()
+
+
+TFRECORD_EXP = 'tests.e2e_experiments.TinyTFRecordRareSaves'  # real input, 600 steps, Pax saves at 0 and 600
+
+
+@dataclasses.dataclass(frozen=True)
+class UninterruptedRun:
+  """An uninterrupted run of TFRECORD_EXP to its end, on `corpus`, in `job_dir`."""
+  corpus: str
+  job_dir: str
+  log_path: str
+
+  def wait(self, timeout: float = 300) -> None:
+    """Until it has exited 0 (its exit event: it may run in another xdist worker)."""
+    def exited():
+      return next((e for e in events_lib.read(self.job_dir, 0) if e['event'] == 'exit'), None)
+    code = process.wait_until(exited, f'the uninterrupted run in {self.job_dir} to end', timeout, 0.2)['code']
+    assert code == 0, f'the uninterrupted run exited {code}: {process.text_of(self.log_path)[-3000:]}'
+
+
+@pytest.fixture(scope='session')
+def uninterrupted_tfrecord_run(tmp_path_factory):
+  """The run that exact resume and the local tier compare their resumed jobs with (`verify --against`):
+  one per test session, started by the first test that asks for it, in the background; a test on
+  another xdist worker waits for that one (a start and 600 steps fewer). Same corpus for every user:
+  use `corpus`."""
+  root = tmp_path_factory.getbasetemp()
+  root = root.parent if os.environ.get('PYTEST_XDIST_WORKER') else root  # the workers' common folder
+  run = UninterruptedRun(str(root / 'uninterrupted-tfrecord' / 'data.tfrecord'),
+                         str(root / 'uninterrupted-tfrecord' / 'job'), str(root / 'uninterrupted-tfrecord.log'))
+  started = None
+  with open(root / 'uninterrupted-tfrecord.lock', 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not os.path.exists(os.path.dirname(run.corpus)):
+      from experiments import tfrecord_lm_input  # pylint: disable=g-import-not-at-top
+      tfrecord_lm_input.write_corpus(run.corpus)
+      started = process.Job(process.ours_argv(TFRECORD_EXP, run.job_dir, '--autockpt_notices=off'), run.log_path,
+                            env={**os.environ, 'AUTOCKPT_TINY_TFRECORD': run.corpus})
+  yield run
+  if started is not None:
+    started.kill()

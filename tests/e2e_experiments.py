@@ -44,11 +44,11 @@ class TinyModelParallelHost1Wider(bench_experiments.TinyModelParallelAutockpt):
 
 @experiment_registry.register
 class TinyTFRecordRareSaves(lm_cloud_autockpt.LmCloudSpmdTinyTFRecordAutockpt):
-  """The real-input twin, 1000 steps and Pax's interval saves only at 0 and 1000: every other
+  """The real-input twin, 600 steps and Pax's interval saves only at 0 and 600: every other
   checkpoint of a run is one the test caused (continuous, SIGTERM, Ctrl-C, notice)."""
 
-  NUM_TRAIN_STEPS = 1000
-  CHECKPOINT_EVERY_N_STEPS = 1000
+  NUM_TRAIN_STEPS = 600
+  CHECKPOINT_EVERY_N_STEPS = 600
 
 
 @experiment_registry.register

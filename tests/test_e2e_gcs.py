@@ -20,6 +20,7 @@ from tests import damage
 from tests.conftest import assert_restorable
 from tests.conftest import checkpoint_steps
 from tests.conftest import events_of
+from tests.test_e2e_multihost import _alive
 
 pytestmark = pytest.mark.e2e
 
@@ -181,7 +182,8 @@ def _launch_two(jobs, job, log, ready) -> process.Job:
 
 
 def test_two_hosts_on_one_bucket_sigterm_to_host_1_only_ocdbt_by_default_and_resumed(jobs, gcs, tmp_path):
-  """No format flag: gs:// gets OCDBT; SIGTERM to host 1 only -> one step everywhere, then resumed."""
+  """No format flag: gs:// gets OCDBT; SIGTERM to host 1 only -> one step everywhere, then resumed, and
+  the relaunch's launcher SIGKILLed: its hosts exit 143 and none outlives it."""
   job = gcs.url('two-hosts')
   launcher = _launch_two(jobs, job, str(tmp_path / 'launch1.log'), ready='interval save of step')  # in the loop
   assert '[autockpt] gs:// job directory: OCDBT checkpoints' in launcher.log()
@@ -196,17 +198,24 @@ def test_two_hosts_on_one_bucket_sigterm_to_host_1_only_ocdbt_by_default_and_res
   assert_restorable(job, step)
   path = layout.step_dir(layout.checkpoint_dir(job), step)
   assert (path / 'state' / 'manifest.ocdbt').exists(), sorted(gcs.objects(f'two-hosts/checkpoints/{_name(step)}/'))
-  # Resumed: both hosts restore the step (not 500 more steps to the next interval save: ~60 s here).
+  # Resumed: both hosts restore the step (not 500 more steps to the next interval save: ~60 s here). This
+  # time the launcher itself is SIGKILLed (no chance to forward anything): no orphans, its hosts get
+  # SIGTERM and exit 143 at the step they restored.
   relaunch = _launch_two(jobs, job, str(tmp_path / 'launch2.log'), ready=f'checkpoint {step}: .* checked')
   process.wait_until(lambda: {events_of(job, 'start', host=h)[-1]['restored_step'] for h in (0, 1)} == {step},
                      f'both hosts restored step {step}', 60, 1.0, relaunch)  # start events upload in the background
-  relaunch.send(signal.SIGTERM)
-  assert relaunch.wait(180) == 143, relaunch.log()[-3000:]
+  pids = [events_of(job, 'start', host=h)[-1]['pid'] for h in (0, 1)]
+  relaunch.send(signal.SIGKILL)  # the launcher only, not its hosts
+  relaunch.wait(30)
+  for host, pid in enumerate(pids):  # gone (or a zombie waiting for init to reap it)
+    process.wait_until(lambda pid=pid: not _alive(pid), f'host {host} (pid {pid}) to outlive no launcher', 60, 0.2)
   # The relaunch's own preemption events, read until both hosts' show (one read once returned host 1's
   # part as it was before the signal: {1, 2}, while both hosts' logs said step 2).
   again = process.wait_until(lambda: _relaunch_preemptions(job, step), 'both hosts\' preemption events of the relaunch',
                              30, 0.5)
   assert len(again) == 1 and again.pop() >= step, again
+  process.wait_until(lambda: [e['code'] for h in (0, 1) for e in events_of(job, 'exit', host=h)] == [143] * 4,
+                     "both hosts' exit events of the relaunch", 30, 0.5)
 
 
 def _relaunch_preemptions(job, restored: int) -> set[int] | None:

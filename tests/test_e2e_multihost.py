@@ -21,6 +21,7 @@ pytestmark = pytest.mark.e2e
 EXP = 'experiments.lm_cloud_autockpt.LmCloudSpmdTinyMultisliceAutockpt'
 CLI = [sys.executable, '-m', 'pax_autockpt.tools.cli']
 HOST_1_WIDER = 'tests.e2e_experiments.TinyModelParallelHost1Wider'
+CTRL_C_LINE = '[autockpt] Ctrl-C: saving at the step every host agrees on'
 
 
 def _launch(jobs, job_dir, log, num_hosts, *extra, exp=EXP, host_flags=()):
@@ -77,40 +78,6 @@ def _assert_all_preempted_at_same_step(job_dir, num_hosts, restored, code=143, s
   assert max(complete) == step and incomplete == []
   assert_restorable(job_dir, step)
   return step
-
-
-def test_sigterm_to_one_host_saves_the_same_step_on_all_then_a_killed_launcher_s_hosts_do_too(
-    jobs, job_dir, tmp_path):
-  first = _launch(jobs, job_dir, str(tmp_path / 'launch1.log'), 2)
-  _wait_training(job_dir, 1, first)
-  pid1 = events_lib.read(job_dir, 1)[0]['pid']
-  time.sleep(1.0)
-  sent = time.time()
-  os.kill(pid1, signal.SIGTERM)  # host 1 only, as a maintenance event on one VM
-  assert first.wait(120) == 143, first.log()[-3000:]
-  all_exited = time.time() - sent
-  step = _assert_all_preempted_at_same_step(job_dir, 2, restored=None)
-  assert 'host 0 exit code 143' in first.log() and 'host 1 exit code 143' in first.log()
-  print(f'SIGTERM to host 1 -> all hosts exited in {all_exited:.2f} s; agreed step {step}')
-
-  # Relaunch: every host restores that step. This time the launcher itself is SIGKILLed (no chance to
-  # forward anything): no orphans, its hosts get SIGTERM and exit 143 at the step they restored.
-  relaunch_t = time.time()
-  second = _launch(jobs, job_dir, str(tmp_path / 'launch2.log'), 2)
-  for host in (0, 1):
-    _wait_event(job_dir, host, 'start', second, after=relaunch_t)
-  second.wait_for_log(r'\[host 0\].*\[autockpt\] host 0/2, restoring step')
-  second.send(signal.SIGKILL)  # the launcher only, not its hosts; restored, nothing trained: nothing to save
-  second.wait(30)
-  process.wait_until(lambda: all(_run_events(job_dir, h)[-1]['event'] == 'exit' for h in range(2)),
-                     'both hosts exited', 120, 0.2)  # the launcher is gone: no job to watch
-  assert _assert_all_preempted_at_same_step(job_dir, 2, restored=step) >= step
-  for host in range(2):  # gone (or a zombie waiting for init to reap it)
-    pid = _run_events(job_dir, host)[0]['pid']
-    deadline = time.time() + 30
-    while time.time() < deadline and _alive(pid):
-      time.sleep(0.2)
-    assert not _alive(pid), f'host {host} (pid {pid}) outlived its launcher'
 
 
 def test_two_hosts_continuous_save_the_same_steps_then_sigkill_of_one_makes_the_other_exit_within_the_bound(
@@ -197,20 +164,26 @@ def test_bad_wiring_exits_2_with_one_line():
 
 
 def test_restore_decisions_agreed_across_hosts_and_verified_on_another_topology(jobs, job_dir, tmp_path):
-  """One slice over 2 hosts (each writes its half of every sharded array), five process starts:
-  1. 2 hosts train and are preempted; a byte flips in a shard only host 1 wrote.
-  2. 2 hosts: host 1's check finds it, both hosts skip that checkpoint and restore the same one.
+  """One slice over 2 hosts (each writes its half of every sharded array), five process starts, two of
+  them ended by Ctrl-C:
+  1. 2 hosts train; Ctrl-C (SIGINT) to host 1 only: both save the same step and exit 130. A byte flips in
+     a shard only host 1 wrote.
+  2. 2 hosts: host 1's check finds it, both hosts skip that checkpoint and restore the same one; SIGTERM
+     to the launcher after a step: forwarded, the same new step on both, 143.
   3. A config slip on host 1 only: both exit 2 with host 1's line, nothing moved.
   4. 1 host (another topology: no restored shard is a saved one, so the saved shards are read back from
      storage): a byte flipped in host 1's half of the newest checkpoint is still found; every saved shard
      is checked.
-  5. 2 hosts again, from the 1-host checkpoint: the read-back is split across hosts; none unchecked."""
+  5. 2 hosts again, from the 1-host checkpoint: the read-back is split across hosts; none unchecked. A
+     terminal's Ctrl-C (SIGINT to the launcher's process group) reaches each host once, through the
+     launcher; nothing trained since the restore, so nothing new is saved, and all exit 130."""
   exp = 'pax_autockpt.tools.bench_experiments.TinyModelParallelAutockpt'
   first = _launch(jobs, job_dir, str(tmp_path / 'launch1.log'), 2, exp=exp)
   _wait_training(job_dir, 1, first)
-  first.send(signal.SIGTERM)
-  assert first.wait(180) == 143, first.log()[-3000:]
-  step = _assert_all_preempted_at_same_step(job_dir, 2, restored=None)
+  os.kill(events_lib.read(job_dir, 1)[0]['pid'], signal.SIGINT)  # host 1 only
+  assert first.wait(180) == 130, first.log()[-3000:]
+  step = _assert_all_preempted_at_same_step(job_dir, 2, restored=None, code=130, signal_name='SIGINT')
+  assert 'host 0 exit code 130' in first.log() and 'host 1 exit code 130' in first.log()
   name, shard = damage.flip_a_byte(layout.step_dir(layout.checkpoint_dir(job_dir), step), host=1)
 
   relaunch_t, since = time.time(), _host_log_sizes(job_dir, 2)
@@ -255,12 +228,18 @@ def test_restore_decisions_agreed_across_hosts_and_verified_on_another_topology(
                    single.log()), [x for x in single.log().splitlines() if 'manifest' in x]
   again = _assert_all_preempted_at_same_step(job_dir, 1, restored=start['restored_step'])
 
+  seen = _host_log_sizes(job_dir, 2)
   back_t = time.time()
   back = _launch(jobs, job_dir, str(tmp_path / 'launch5.log'), 2, exp=exp)
-  for host in (0, 1):  # restored (and verified); a SIGTERM now exits before the first step
+  for host in (0, 1):  # restored (and verified); a Ctrl-C now exits before the first step
     _wait_event(job_dir, host, 'start', back, after=back_t)
-  back.send(signal.SIGTERM)
-  assert back.wait(180) == 143, back.log()[-3000:]
+  os.killpg(back.pid, signal.SIGINT)  # what a terminal does: the launcher's whole process group
+  assert back.wait(180) == 130, back.log()[-3000:]
+  assert _assert_all_preempted_at_same_step(job_dir, 2, restored=again, code=130, signal_name='SIGINT') == again
+  assert back.log().count('[launch] forwarding SIGINT to every host') == 1
+  for host in (0, 1):
+    log = process.text_of(os.fspath(layout.host_log_path(job_dir, host)), seen[host])
+    assert log.count(CTRL_C_LINE) == 1 and 'second Ctrl-C' not in log, f'host {host}: {log.count(CTRL_C_LINE)}'
   starts = [_run_events(job_dir, h)[0] for h in (0, 1)]
   assert [s['restored_step'] for s in starts] == [again, again] and [s['shards_unchecked'] for s in starts] == [0, 0]
   assert all(s['shards_checked'] > 0 for s in starts), starts

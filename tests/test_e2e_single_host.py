@@ -97,15 +97,17 @@ def _copy_of(preempted, tmp_path) -> str:
 
 
 def test_sigterm_mid_training_then_a_slipped_config_and_the_fixed_rerun(jobs, preempted, tmp_path):
-  """One preempted run (the `preempted` fixture) serves both checks: with pytest 9.2 and pytest-xdist 3.8
-  --dist loadgroup does not keep an xdist_group on one worker, and two tests would make it twice (~32 s)."""
-  for name, check in (('sigterm', _sigterm_mid_training_commits_agreed_step_exits_143_and_resumes),
-                      ('slip', _slipped_config_moves_nothing_and_the_fixed_rerun_resumes)):
-    (tmp_path / name).mkdir()
-    check(jobs, preempted, tmp_path / name)
+  """One preempted run (the `preempted` fixture, session-scoped: with pytest 9.2 and pytest-xdist 3.8
+  --dist loadgroup does not keep an xdist_group on one worker), then on a copy of its job directory a
+  restart with a config slip (exit 2, nothing moved), then the original command, which resumes from the
+  on-demand step and trains to the end."""
+  step = _sigterm_mid_training_commits_agreed_step_exits_143(preempted)
+  job_dir = _copy_of(preempted, tmp_path)
+  _slipped_config_moves_nothing(jobs, job_dir, step, tmp_path)
+  _the_fixed_rerun_resumes_to_the_end(jobs, job_dir, step, tmp_path)
 
 
-def _sigterm_mid_training_commits_agreed_step_exits_143_and_resumes(jobs, preempted, tmp_path):
+def _sigterm_mid_training_commits_agreed_step_exits_143(preempted) -> int:
   assert preempted.code == 143, preempted.log[-3000:]
   step = _assert_preempted_run(preempted.job_dir, restored=None)
   assert step > 0
@@ -120,10 +122,32 @@ def _sigterm_mid_training_commits_agreed_step_exits_143_and_resumes(jobs, preemp
   # Interval saves (every 200) may precede the on-demand one when the SIGTERM comes late.
   assert saved[-1] == step
   assert scalars['autockpt/save_interval_steps'] == [(b, float(b - a)) for a, b in zip(saved, saved[1:])]
+  return step
 
-  # Same command again: restores N and trains to the end (Pax's final save, exit 0). The job
-  # directory given relative to the working directory (OCDBT refuses relative paths: main resolves it).
-  job_dir = _copy_of(preempted, tmp_path)
+
+def _slipped_config_moves_nothing(jobs, job_dir, step, tmp_path):
+  """A restart with MODEL_DIMS 64 -> 96 (a config slip right after a preemption): exit 2 with one line
+  naming the checkpoint and the first differing array, every checkpoint where it was."""
+  before = checkpoint_steps(job_dir)
+  slipped = _start(jobs, process.ours_argv(WIDER, job_dir), str(tmp_path / 'wider.log'))
+  assert slipped.wait(180) == 2, slipped.log()[-3000:]
+  line, = [x for x in slipped.log().splitlines() if 'does not fit this run' in x]
+  line = line.split('[autockpt] ', 1)[1]
+  assert line == (f'checkpoint {step} does not fit this run: mdl_vars.params.lm.final_ln.bias is float32[64] there, '
+                  'float32[96] here; nothing was moved: rerun with the config that wrote it, or use a new '
+                  '--job_log_dir; exiting 2.'), line
+  assert len(line) <= 300 and 'Traceback' not in slipped.log()
+  assert checkpoint_steps(job_dir) == before and not layout.unrestorable_dir(job_dir).exists()
+  assert events_of(job_dir, 'restore_failed')[-1] == {**events_of(job_dir, 'restore_failed')[-1], 'step': step,
+                                                       'kind': 'mismatch'}
+  assert events_of(job_dir, 'exit')[-1]['code'] == 2 and not events_of(job_dir, 'restore_skipped')
+
+
+def _the_fixed_rerun_resumes_to_the_end(jobs, job_dir, step, tmp_path):
+  """The original command again: restores the on-demand step and trains to the end (Pax's final save,
+  exit 0). The job directory given relative to the working directory (OCDBT refuses relative paths: main
+  resolves it)."""
+  assert job_dir == str(tmp_path / 'job')
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # `tests.` experiments from another cwd
   path = os.pathsep.join(filter(None, (root, os.environ.get('PYTHONPATH'))))
   second = process.Job(process.ours_argv(SHORT, 'job'), str(tmp_path / 'run2.log'), cwd=str(tmp_path),
@@ -146,13 +170,18 @@ def test_stock_paxml_main_with_seed_flags(jobs, job_dir, tmp_path):
   assert code == 143, first.log()[-3000:]
   step = _assert_preempted_run(job_dir, restored=None)
 
-  # Again, with the SIGTERM during the restore: the same early exit as under our main.
+  # Again, with the SIGTERM during the restore (stock paxml 1.4.0 alone loses it: XLA's sync point is never
+  # reached, and it trains on): with nothing trained since the restore, exit 143 at once, before the step
+  # compiles, and nothing saved.
   second = _start(jobs, argv, str(tmp_path / 'run2.log'))
   second.wait_for_log(r'\[PAX STATUS\]: Starting checkpoint load')
   sent = second.send(signal.SIGTERM)
   assert second.wait(180) == 143, second.log()[-3000:]
   assert f'Model initial global_step={step}' in second.log()
-  _assert_nothing_trained_nothing_saved(second, job_dir, restored=step, sent=sent)
+  secs = _assert_nothing_trained_nothing_saved(second, job_dir, restored=step, sent=sent)
+  assert f'Nothing trained since checkpoint {step} when the signal came: nothing to save (SIGTERM); exiting 143.' \
+      in second.log()
+  print(f'SIGTERM during the restore of {step} -> exit {secs:.2f} s')
 
 
 def test_sigterm_before_first_step_exits_143_at_once_with_nothing_to_save(jobs, job_dir, tmp_path):
@@ -183,39 +212,3 @@ def _assert_nothing_trained_nothing_saved(job, job_dir, *, restored, sent) -> fl
   assert exit_ == {**exit_, 'code': 143, 'step': step}
   assert 'Finished XLA compilation of pjit(_wrapped_step_fn)' not in job.log()
   return exit_['t'] - preemption['signal_at']
-
-
-def _slipped_config_moves_nothing_and_the_fixed_rerun_resumes(
-    jobs, preempted, tmp_path):
-  """A restart with MODEL_DIMS 64 -> 96 (a config slip right after a preemption): exit 2 with one line
-  naming the checkpoint and the first differing array, every checkpoint where it was. The original
-  command then resumes from the on-demand step, even with a SIGTERM during its restore (stock paxml
-  1.4.0 loses that SIGTERM: XLA's sync point is never reached, and it trains on): with nothing trained since
-  the restore, it exits 143 at once, before the step compiles, and the next run restores the same step."""
-  step = _assert_preempted_run(preempted.job_dir, restored=None)
-  job_dir = _copy_of(preempted, tmp_path)
-  before = checkpoint_steps(job_dir)
-  slipped = _start(jobs, process.ours_argv(WIDER, job_dir), str(tmp_path / 'wider.log'))
-  assert slipped.wait(180) == 2, slipped.log()[-3000:]
-  line, = [x for x in slipped.log().splitlines() if 'does not fit this run' in x]
-  line = line.split('[autockpt] ', 1)[1]
-  assert line == (f'checkpoint {step} does not fit this run: mdl_vars.params.lm.final_ln.bias is float32[64] there, '
-                  'float32[96] here; nothing was moved: rerun with the config that wrote it, or use a new '
-                  '--job_log_dir; exiting 2.'), line
-  assert len(line) <= 300 and 'Traceback' not in slipped.log()
-  assert checkpoint_steps(job_dir) == before and not layout.unrestorable_dir(job_dir).exists()
-  assert events_of(job_dir, 'restore_failed')[-1] == {**events_of(job_dir, 'restore_failed')[-1], 'step': step,
-                                                       'kind': 'mismatch'}
-  assert events_of(job_dir, 'exit')[-1]['code'] == 2 and not events_of(job_dir, 'restore_skipped')
-
-  before = checkpoint_steps(job_dir)
-  second = _start(jobs, process.ours_argv(SHORT, job_dir), str(tmp_path / 'run2.log'))
-  second.wait_for_log(r'\[PAX STATUS\]: Starting checkpoint load')
-  sent = second.send(signal.SIGTERM)
-  assert second.wait(180) == 143, second.log()[-3000:]
-  assert f'Model initial global_step={step}' in second.log()
-  secs = _assert_nothing_trained_nothing_saved(second, job_dir, restored=step, sent=sent)
-  assert f'Nothing trained since checkpoint {step} when the signal came: nothing to save (SIGTERM); exiting 143.' \
-      in second.log()
-  assert checkpoint_steps(job_dir) == before
-  print(f'SIGTERM during the restore of {step} -> exit {secs:.2f} s')
