@@ -9,9 +9,9 @@ from tests.conftest import events_of
 
 pytestmark = pytest.mark.e2e
 
-# The tiny state's saves block the loop ~6-9 ms: an MTBF of 0.01 h (36 s) makes the Young/Daly interval
-# ~0.7 s, so 600 steps (6-15 s) see about 10-20 continuous saves.
-MTBF_HOURS = 0.01
+# The tiny state's saves block the loop ~6-9 ms: an MTBF of 0.005 h (18 s) makes the Young/Daly interval
+# ~0.5 s, so 600 steps (6 s alone, ~15 s in the suite) see 10-25 continuous saves.
+MTBF_HOURS = 0.005
 SHORT = 'tests.e2e_experiments.TinyShortSchedule'  # 600 steps, Pax's own saves every 200
 
 
