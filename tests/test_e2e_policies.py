@@ -9,14 +9,13 @@ from tests.conftest import events_of
 
 pytestmark = pytest.mark.e2e
 
-# The tiny state's saves block the loop ~6-9 ms: an MTBF of 0.005 h (18 s) makes the Young/Daly interval
-# ~0.5 s, so 600 steps (6 s alone, ~15 s in the suite) see 10-25 continuous saves.
-MTBF_HOURS = 0.005
-SHORT = 'tests.e2e_experiments.TinyShortSchedule'  # 600 steps, Pax's own saves every 200
+# The tiny state's saves block the loop ~6 ms: an MTBF of 0.2 h makes the Young/Daly interval ~3 s, so
+# the 2000 steps (~45 s) see about 15 continuous saves.
+MTBF_HOURS = 0.2
 
 
 def test_adaptive_interval_converges_to_young_daly_and_best_n_keeps_the_lowest_loss(jobs, job_dir, tmp_path):
-  job = process.Job(process.ours_argv(SHORT, job_dir, f'--autockpt_mtbf_hours={MTBF_HOURS}',
+  job = process.Job(process.ours_argv(process.TINY_EXP, job_dir, f'--autockpt_mtbf_hours={MTBF_HOURS}',
                                       '--autockpt_keep_best=2'), str(tmp_path / 'run.log'))
   jobs.append(job)
   assert job.wait(300) == 0, job.log()[-3000:]
@@ -38,7 +37,7 @@ def test_adaptive_interval_converges_to_young_daly_and_best_n_keeps_the_lowest_l
   metrics = {e['step']: e.get('metrics') for e in events_of(job_dir, 'save_committed')}
   measured = sorted((m['train/loss'], step) for step, m in metrics.items() if m)
   assert all('train/log_pplx' in metrics[step] for _, step in measured)
-  expected = {step for _, step in measured[:2]} | {step for step, m in metrics.items() if not m} | {600}
+  expected = {step for _, step in measured[:2]} | {step for step, m in metrics.items() if not m} | {2000}
   complete, _ = checkpoint_steps(job_dir)
   assert set(complete) == expected, (complete, measured[:4])
   assert {e['step'] for e in events_of(job_dir, 'deleted')} == set(metrics) - expected
