@@ -44,6 +44,7 @@ from pax_autockpt import lambda_source
 
 lambda_source.install()  # ~3 s off importing paxml just below
 
+import contextlib
 import importlib.metadata
 import os
 import re
@@ -131,23 +132,19 @@ class _RegistrationsUnprinted:
 
 
 def _check_job_log_dir() -> None:
-  """Creates the job directory (as paxml would) or fails; runs after every other check passed.
-
-  A real attempt, because root passes os.access() on directories it cannot write (e.g. /proc).
-  """
+  """Creates the job directory (as paxml would) or fails with precheck's line (which found most such
+  directories before paxml loaded); runs after every other check passed."""
   if FLAGS.job_log_dir is None:
     _fail(precheck.JOB_REQUIRED)
   path = os.fspath(FLAGS.job_log_dir)
   if layout.is_object_store(path):
     _default_format_for_object_storage()
     return
-  try:
+  with contextlib.suppress(OSError):  # what stopped it, the probe below names
     os.makedirs(path, exist_ok=True)
-    probe = os.path.join(path, f'.autockpt-probe-{os.getpid()}')
-    os.mkdir(probe)
-    os.rmdir(probe)
-  except OSError as e:
-    _fail(f'--job_log_dir={path} is not writable ({e.strerror}): choose a directory you can write to.')
+  problem = precheck.job_dir_unwritable(path)
+  if problem:
+    _fail(problem)
   # orbax refuses relative paths for OCDBT checkpoints: every save would fail.
   FLAGS.job_log_dir = epath.Path(os.path.abspath(path))
 

@@ -138,22 +138,24 @@ def _check_required(values: dict[str, str], argv: list[str]) -> None:
     raise _required('job_log_dir', JOB_REQUIRED, argv)
 
 
-def _unwritable(job: str) -> str | None:
-  """Why a local job directory could not be made or written, else None; tried for real (root passes
-  os.access() on /proc) without making it: a directory made and removed in it, or in its nearest
-  existing parent."""
+def job_dir_unwritable(job: str) -> str | None:
+  """The error line for a local job directory that cannot be made or written, else None. Tried for real
+  (root passes os.access() on /proc) without making it: a directory made and removed in it, or in its
+  nearest existing parent."""
   path = existing = os.path.abspath(job)
   while not os.path.exists(existing):
     existing = os.path.dirname(existing)
+  why = None
   if not os.path.isdir(existing):
-    return 'it is a file' if existing == path else f'{existing} is a file'
-  probe = os.path.join(existing, f'.autockpt-probe-{os.getpid()}')
-  try:
-    os.mkdir(probe)
-    os.rmdir(probe)
-  except OSError as e:
-    return e.strerror
-  return None
+    why = 'it is a file' if existing == path else f'{existing} is a file'
+  else:
+    probe = os.path.join(existing, f'.autockpt-probe-{os.getpid()}')
+    try:
+      os.mkdir(probe)
+      os.rmdir(probe)
+    except OSError as e:
+      why = e.strerror
+  return why and f'--job_log_dir={job} is not writable ({why}): choose a directory you can write to.'
 
 
 def run(argv: list[str]) -> None:
@@ -184,9 +186,9 @@ def run(argv: list[str]) -> None:
   settings_lib.validate_values(settings_lib.Settings(**fields),
                                {field: f'--{name}' for name, field in _SETTING_FLAGS.items()})
   job = flag.get('job_log_dir')
-  why = _unwritable(job) if job and '://' not in job else None
-  if why:
-    raise settings_lib.ConfigError(f'--job_log_dir={job} is not writable ({why}): choose a directory you can write to.')
+  problem = job_dir_unwritable(job) if job and '://' not in job else None
+  if problem:
+    raise settings_lib.ConfigError(problem)
   local = flag.get('autockpt_local_dir')
   if local:
     mine = local.replace('{host}', str(wiring.host_idx if wiring.host_idx is not None else 0))
