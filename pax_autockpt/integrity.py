@@ -11,11 +11,14 @@ committed one that is empty or cut short is named here, with its size, instead o
 `JSONDecodeError` from inside the restore.
 """
 
+from concurrent import futures
 import itertools
 import json
 import math
 
 from etils import epath
+
+_READERS = 16  # storage requests in flight at once while checking a checkpoint's arrays
 
 
 def problems(step_path: epath.Path, limit: int = 3) -> list[str]:
@@ -32,14 +35,17 @@ def problems(step_path: epath.Path, limit: int = 3) -> list[str]:
   found = (_json_problems(state, entries, ('_sharding', '_METADATA')) +
            _json_problems(step_path / 'metadata', _names(step_path / 'metadata'), ('metadata',)) +
            _ocdbt_problems(state, entries))[:limit]
-  for name in sorted(entries):
-    meta = state / name / '.zarray'
-    if name.startswith(('.', '_', 'ocdbt.process_')) or name in ('d', 'manifest.ocdbt') or not meta.exists():
-      continue  # not a zarr array (orbax's own files, OCDBT storage): left to the restore
-    found += _zarr_problems(state / name, meta, limit - len(found))
-    if len(found) >= limit:
-      return found[:limit]
-  return found
+  arrays = [state / name for name in sorted(entries)
+            if not name.startswith(('.', '_', 'ocdbt.process_')) and name not in ('d', 'manifest.ocdbt')]
+  # One storage round trip after another is ~5 per array: 54 arrays took 4.4 s on the local GCS, and a
+  # real model has hundreds. The reads are independent, so they overlap (each thread waits on storage).
+  with futures.ThreadPoolExecutor(min(_READERS, max(1, len(arrays))), thread_name_prefix='autockpt-check') as pool:
+    for array_found in pool.map(lambda array: _zarr_problems(array, limit), arrays):
+      found += array_found
+      if len(found) >= limit:
+        pool.shutdown(cancel_futures=True)
+        break
+  return found[:limit]
 
 
 def _names(folder: epath.Path) -> dict[str, epath.Path]:
@@ -63,8 +69,12 @@ def _json_problems(folder: epath.Path, entries: dict[str, epath.Path], names: tu
   return found
 
 
-def _zarr_problems(array: epath.Path, meta: epath.Path, limit: int) -> list[str]:
-  """Every chunk the array's `.zarray` promises, present and non-empty."""
+def _zarr_problems(array: epath.Path, limit: int) -> list[str]:
+  """Every chunk the array's `.zarray` promises, present and non-empty ([] where there is no `.zarray`:
+  not a zarr array, e.g. orbax's own files, left to the restore)."""
+  meta = array / '.zarray'
+  if not meta.exists():
+    return []
   try:
     spec = json.loads(meta.read_text())
     grid = [math.ceil(s / c) for s, c in zip(spec['shape'], spec['chunks'])]

@@ -79,3 +79,22 @@ def test_a_committed_json_file_that_does_not_parse_is_named_with_its_size(tmp_pa
   (step / 'state' / '_sharding').write_text('{}')
   (step / 'metadata' / 'metadata').write_text('{"vers')
   assert integrity.problems(epath.Path(step))[0].startswith('metadata/metadata is not JSON (JSONDecodeError: ')
+
+
+def test_arrays_checked_side_by_side_report_in_name_order_up_to_the_limit(tmp_path, monkeypatch):
+  """The arrays are read concurrently (storage round trips overlap), yet the reasons come in the
+  arrays' name order, at most `limit`, and a listing refused inside one array still raises."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  step = epath.Path(tmp_path)
+  for name in ('e', 'c', 'a', 'd', 'b'):
+    _zarr(step, name=name, files=('0.0',))
+  assert integrity.problems(step) == ['a/1.0 is missing', 'b/1.0 is missing', 'c/1.0 is missing']
+  assert len(integrity.problems(step, limit=10)) == 5
+  listing = type(step).iterdir
+  def refused_in_d(self):
+    if self.name == 'd':
+      raise PermissionError(13, 'HTTP 403')
+    return listing(self)
+  monkeypatch.setattr(type(step), 'iterdir', refused_in_d)
+  with pytest.raises(PermissionError):
+    integrity.problems(step, limit=10)
