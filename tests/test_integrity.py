@@ -86,15 +86,15 @@ def test_arrays_checked_side_by_side_report_in_name_order_up_to_the_limit(tmp_pa
   arrays' name order, at most `limit`, and a listing refused inside one array still raises."""
   import pytest  # pylint: disable=g-import-not-at-top
   step = epath.Path(tmp_path)
-  for name in ('e', 'c', 'a', 'd', 'b'):
+  for name in ('z', 'x', 'v', 'y', 'w'):
     _zarr(step, name=name, files=('0.0',))
-  assert integrity.problems(step) == ['a/1.0 is missing', 'b/1.0 is missing', 'c/1.0 is missing']
+  assert integrity.problems(step) == ['v/1.0 is missing', 'w/1.0 is missing', 'x/1.0 is missing']
   assert len(integrity.problems(step, limit=10)) == 5
   listing = type(step).iterdir
-  def refused_in_d(self):
-    if self.name == 'd':
+  def refused_in_y(self):
+    if self.name == 'y':
       raise PermissionError(13, 'HTTP 403')
     return listing(self)
-  monkeypatch.setattr(type(step), 'iterdir', refused_in_d)
+  monkeypatch.setattr(type(step), 'iterdir', refused_in_y)
   with pytest.raises(PermissionError):
     integrity.problems(step, limit=10)
