@@ -184,6 +184,7 @@ def test_restore_decisions_agreed_across_hosts_and_verified_on_another_topology(
   assert first.wait(180) == 130, first.log()[-3000:]
   step = _assert_all_preempted_at_same_step(job_dir, 2, restored=None, code=130, signal_name='SIGINT')
   assert 'host 0 exit code 130' in first.log() and 'host 1 exit code 130' in first.log()
+  assert first.log().count(CTRL_C_LINE) == 1 and 'KeyboardInterrupt' not in first.log()  # host 1's line only
   name, shard = damage.flip_a_byte(layout.step_dir(layout.checkpoint_dir(job_dir), step), host=1)
 
   relaunch_t, since = time.time(), _host_log_sizes(job_dir, 2)
