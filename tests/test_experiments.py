@@ -118,3 +118,17 @@ def test_several_processes_without_a_coordination_service_exit_2_at_validate(mon
                         '--jax_fully_async_checkpoint=true')
   monkeypatch.setattr(jax, 'process_count', lambda: 1)
   exp._check_processes()  # one process: nothing to synchronise  # pylint: disable=protected-access
+
+
+def test_the_tiny_experiments_numpy_input_yields_lm_cloud_s_synthetic_batches():
+  """The tiny experiments train on what lm_cloud's Lingvo input (paxml's SyntheticLmData) yields, array
+  for array (dtype and value), made without TensorFlow."""
+  from paxml.tasks.lm.params import lm_cloud  # pylint: disable=g-import-not-at-top
+  lm_cloud_autockpt = experiments.lm_cloud_autockpt
+  ours, lingvo = (base_hyperparams.instantiate(datasets(lm_cloud_autockpt.LmCloudSpmdTinyAutockpt())[0])
+                  for datasets in (lm_cloud_autockpt.LmCloudSpmdTiny.datasets, lm_cloud.SyntheticDataset.datasets))
+  for _ in range(2):
+    mine, theirs = ours.get_next_padded(), lingvo.get_next_padded()  # what Pax trains on
+    assert sorted(mine) == sorted(theirs)
+    for key in theirs:
+      assert mine[key].dtype == theirs[key].dtype and np.array_equal(mine[key], theirs[key]), key
