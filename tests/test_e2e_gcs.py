@@ -73,7 +73,7 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
   # comes once the 2nd save's commit deleted the 1st. After the signal nothing is deleted (the next run
   # does): the save in flight, if any, and the on-demand one add to the 1.
   run1 = _run(jobs, argv, str(tmp_path / 'run1.log'))
-  process.wait_until(lambda: events_of(job, 'deleted'), 'a checkpoint deleted (keep the latest 1)', 300, 0.5, run1)
+  run1.wait_for_log(r'\[autockpt\] preservation deleted steps', timeout=300)  # its event uploads later
   _preempt(run1)
   step = events_of(job, 'preemption')[-1]['step']
   deleted = [e['step'] for e in events_of(job, 'deleted')]
