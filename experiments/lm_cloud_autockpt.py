@@ -104,7 +104,7 @@ class LmCloudSpmdTiny(_SyntheticSpecs, lm_cloud.LmCloudSpmd):
   def datasets(self):
     """lm_cloud's synthetic train and eval batches, the same arrays, made with NumPy: its Lingvo input
     builds a TensorFlow graph per input at start-up (~1.6 s) and runs it for every batch (a 600-step
-    run took ~6 CPU-seconds more, of ~36)."""
+    run: ~3 CPU-seconds more, of ~32; median of 8 paired runs)."""
     batch_size = self.PERCORE_BATCH_SIZE * jax.local_device_count()
     return [pax_fiddle.Config(synthetic_lm_input.SyntheticLmInput, batch_size=batch_size, seq_len=self.MAX_SEQ_LEN,
                               is_training=is_training) for is_training in (True, False)]
