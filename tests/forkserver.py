@@ -13,6 +13,7 @@ the server answers with the child's exit code (as `subprocess` reports it: -N fo
 import json
 import os
 import runpy
+import subprocess
 import sys
 import traceback
 
@@ -72,10 +73,10 @@ def serve() -> None:
 
 
 class ForkServer:
-  """The test side: starts the server in `env`, runs commands through it, stops it by pid."""
+  """The test side: starts the server in `env`, runs commands through it; `stop` closes its input (it
+  ends there) and kills it if it has not ended within 30 s."""
 
   def __init__(self, env: dict[str, str], cwd: str):
-    import subprocess  # pylint: disable=g-import-not-at-top
     self._proc = subprocess.Popen([sys.executable, '-m', 'tests.forkserver'], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True, env=env, cwd=cwd)
     if self._answer() != 'ready':
@@ -97,7 +98,7 @@ class ForkServer:
     self._proc.stdin.close()
     try:
       self._proc.wait(30)
-    except Exception:  # pylint: disable=broad-except
+    except subprocess.TimeoutExpired:
       self._proc.kill()
       self._proc.wait()
 
