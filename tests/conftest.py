@@ -20,6 +20,7 @@ from pax_autockpt import grace
 from pax_autockpt import layout
 from pax_autockpt import signals
 from pax_autockpt.tools import process
+from tests import forkserver
 
 
 def checkpoint_steps(job_log_dir) -> tuple[list[int], list[str]]:
@@ -192,7 +193,7 @@ def uninterrupted_tfrecord_run(tmp_path_factory):
     if not os.path.exists(os.path.dirname(run.corpus)):
       from experiments import tfrecord_lm_input  # pylint: disable=g-import-not-at-top
       tfrecord_lm_input.write_corpus(run.corpus)
-      started = process.Job(process.ours_argv(TFRECORD_EXP, run.job_dir, '--autockpt_notices=off'), run.log_path,
+      started = forkserver.job(process.ours_argv(TFRECORD_EXP, run.job_dir, '--autockpt_notices=off'), run.log_path,
                             env={**os.environ, 'AUTOCKPT_TINY_TFRECORD': run.corpus})
   yield run
   if started is not None:

@@ -45,15 +45,6 @@ def _environ(env: str = '') -> dict[str, str]:
   return environ
 
 
-@pytest.fixture(scope='session')
-def paxml_loaded():
-  """The rows that fail after paxml loads run as children of one process that imported it (tests/
-  forkserver.py): each is still its own `python -m` process, without ~10 CPU-s of imports."""
-  server = forkserver.ForkServer(_environ(), ROOT)
-  yield server
-  server.stop()
-
-
 def _heavy_imports(importtime_stderr: str) -> list[str]:
   """The modules of paxml, jax and TensorFlow that `python -X importtime` reports importing."""
   names = [line.rsplit('|', 1)[1].strip() for line in importtime_stderr.splitlines()
@@ -61,14 +52,14 @@ def _heavy_imports(importtime_stderr: str) -> list[str]:
   return [n for n in names if n.split('.')[0] in ('paxml', 'jax', 'tensorflow')]
 
 
-def _run(request, argv, environ, tmp_path, forked: bool) -> subprocess.CompletedProcess:
+def _run(argv, environ, tmp_path, forked: bool) -> subprocess.CompletedProcess:
   """`argv` (`python -m MODULE ARGS`) in a new interpreter, or forked from one that has paxml loaded."""
   if not forked:
     return subprocess.run(argv, env=environ, cwd=ROOT, capture_output=True, text=True, timeout=180)
   assert argv[:2] == [sys.executable, '-m'], argv
   outputs = str(tmp_path / 'stdout'), str(tmp_path / 'stderr')
-  code = request.getfixturevalue('paxml_loaded').run(argv[2], argv[3:], env=environ, cwd=ROOT, stdout=outputs[0],
-                                                     stderr=outputs[1])
+  code = forkserver.server_for(environ).run(argv[2], argv[3:], env=environ, cwd=ROOT, stdout=outputs[0],
+                                           stderr=outputs[1])
   return subprocess.CompletedProcess(argv, code, *(open(path).read() for path in outputs))
 
 
@@ -78,7 +69,7 @@ def _tree(path):
 
 
 @pytest.mark.parametrize('command,args,env,before_paxml,needle', ROWS)
-def test_bad_input_exits_2_with_one_line_and_touches_nothing(request, tmp_path, command, args, env, before_paxml,
+def test_bad_input_exits_2_with_one_line_and_touches_nothing(tmp_path, command, args, env, before_paxml,
                                                              needle):
   job = tmp_path / 'job'
   sentinel = job / 'checkpoints' / 'checkpoint_00000007' / 'state'
@@ -90,7 +81,7 @@ def test_bad_input_exits_2_with_one_line_and_touches_nothing(request, tmp_path, 
   argv = [*COMMANDS[command], *shlex.split(args.replace('{newjob}', f'--job_log_dir={new_job}'))]
   if before_paxml:
     argv[1:1] = ['-X', 'importtime']
-  out = _run(request, argv, _environ(env), tmp_path, forked=not before_paxml)
+  out = _run(argv, _environ(env), tmp_path, forked=not before_paxml)
   lines = [line for line in out.stderr.splitlines() if not line.startswith('import time:')]
   errors = [line for line in lines if line.startswith('error:')]
   shown = '\n'.join(lines)[-3000:]

@@ -6,6 +6,7 @@ import statistics
 import pytest
 
 from pax_autockpt.tools import process
+from tests import forkserver
 from tests.conftest import assert_restorable
 from tests.conftest import checkpoint_steps
 from tests.conftest import events_of
@@ -31,7 +32,7 @@ def on_demand_nice(started, step):
 
 def test_continuous_saves_back_to_back_keeps_latest_3_and_commits_on_demand_mid_save(
     jobs, job_dir, tmp_path):
-  job = process.Job(process.ours_argv(EXP, job_dir), str(tmp_path / 'run.log'))
+  job = forkserver.job(process.ours_argv(EXP, job_dir), str(tmp_path / 'run.log'))
   jobs.append(job)
   sent = _sigterm_right_after_a_save_starts(job, job_dir, saves=11)
   assert job.wait(120) == 143, job.log()[-3000:]

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from pax_autockpt.tools import process
+from tests import forkserver
 from tests.conftest import assert_restorable
 from tests.conftest import checkpoint_steps
 from tests.conftest import events_of
@@ -50,7 +51,7 @@ def _fill(disk, spare=256 * 1024):
 
 def test_disk_full_saves_fail_cleanly_training_recovers_on_demand_exits_1(jobs, small_disk, tmp_path):
   job_dir = os.path.join(small_disk, 'job')
-  job = process.Job(process.ours_argv(EXP, job_dir), str(tmp_path / 'run.log'), cwd=ROOT)
+  job = forkserver.job(process.ours_argv(EXP, job_dir), str(tmp_path / 'run.log'), cwd=ROOT)
   jobs.append(job)
   process.wait_until(lambda: len(events_of(job_dir, 'save_committed')) >= 2, '2 commits', 120, 0.2, job)
 

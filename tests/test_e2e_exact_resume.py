@@ -26,6 +26,7 @@ from pax_autockpt import hosts
 from pax_autockpt import layout
 from pax_autockpt.tools import fake_metadata
 from pax_autockpt.tools import process
+from tests import forkserver
 from tests.conftest import checkpoint_steps
 from tests.test_e2e_multihost import _assert_all_preempted_at_same_step
 
@@ -52,7 +53,7 @@ class _Chain:
   def start(self, name, *flags):
     argv = process.ours_argv(EXP, self.job_dir, '--host_idx=0', '--num_hosts=1',
                              f'--server_addr=127.0.0.1:{hosts.free_loopback_port()}', *flags)
-    job = process.Job(argv, str(self.tmp_path / f'{name}.log'), env=self.env)
+    job = forkserver.job(argv, str(self.tmp_path / f'{name}.log'), env=self.env)
     self.jobs.append(job)
     return job
 
@@ -222,7 +223,7 @@ def test_two_hosts_on_gcs_stopped_and_resumed_end_identical_to_an_uninterrupted_
   # The same job restarted on 1 host: its input state was written by 2. By default exit 2 in one line,
   # nothing moved; with --autockpt_input_on_host_change=restart the weights restore, the input starts over.
   before = checkpoint_steps(resumed)
-  one = process.Job(process.ours_argv(EXP, resumed, '--autockpt_notices=off'), str(tmp_path / 'one_host.log'))
+  one = forkserver.job(process.ours_argv(EXP, resumed, '--autockpt_notices=off'), str(tmp_path / 'one_host.log'))
   jobs.append(one)
   assert one.wait(300) == 2, one.log()[-3000:]
   assert re.search(rf'checkpoint {FINAL} does not fit this run: its input state was written by 2 hosts, this run '
@@ -230,7 +231,7 @@ def test_two_hosts_on_gcs_stopped_and_resumed_end_identical_to_an_uninterrupted_
                    r'over\); nothing was moved: .*; exiting 2\.', one.log())
   assert checkpoint_steps(resumed) == before
   restart = process.ours_argv(EXP, resumed, '--autockpt_notices=off', '--autockpt_input_on_host_change=restart')
-  one = process.Job(restart, str(tmp_path / 'one_host_restart.log'))
+  one = forkserver.job(restart, str(tmp_path / 'one_host_restart.log'))
   jobs.append(one)
   assert one.wait(300) == 0, one.log()[-3000:]
   _finished_run(resumed, 0, 'exit')

@@ -17,6 +17,7 @@ from pax_autockpt.tools import process
 from pax_autockpt.tools import report
 from pax_autockpt.tools import verify
 from tests import damage
+from tests import forkserver
 from tests.conftest import assert_restorable
 from tests.conftest import checkpoint_steps
 from tests.conftest import events_of
@@ -34,7 +35,7 @@ def _name(step: int) -> str:
 
 
 def _run(jobs, argv, log) -> process.Job:
-  job = process.Job(argv, log)
+  job = forkserver.job(argv, log)
   jobs.append(job)
   return job
 

@@ -24,6 +24,7 @@ from pax_autockpt import events as events_lib
 from pax_autockpt import layout
 from pax_autockpt import local_tier
 from pax_autockpt.tools import process
+from tests import forkserver
 from tests.conftest import checkpoint_steps
 
 pytestmark = pytest.mark.e2e
@@ -66,8 +67,8 @@ def test_sigkill_one_host_resumes_from_the_newest_local_step_identical_to_an_uni
   local = tmp_path / 'local-0'
 
   def start(name, job, *flags):
-    started = process.Job(process.ours_argv(EXP, job, '--autockpt_notices=off', *flags), str(tmp_path / f'{name}.log'),
-                          env=env)
+    started = forkserver.job(process.ours_argv(EXP, job, '--autockpt_notices=off', *flags),
+                             str(tmp_path / f'{name}.log'), env=env)
     jobs.append(started)
     return started
 

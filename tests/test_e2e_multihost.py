@@ -13,6 +13,7 @@ from pax_autockpt import events as events_lib
 from pax_autockpt import layout
 from pax_autockpt.tools import process
 from tests import damage
+from tests import forkserver
 from tests.conftest import assert_restorable
 from tests.conftest import checkpoint_steps
 
@@ -27,7 +28,7 @@ CTRL_C_LINE = '[autockpt] Ctrl-C: saving at the step every host agrees on'
 def _launch(jobs, job_dir, log, num_hosts, *extra, exp=EXP, host_flags=()):
   argv = [*CLI, 'launch', f'--num_hosts={num_hosts}', *extra, '--', f'--exp={exp}',
           f'--job_log_dir={job_dir}', *host_flags]
-  job = process.Job(argv, log)
+  job = forkserver.job(argv, log)
   jobs.append(job)
   return job
 
@@ -215,7 +216,7 @@ def test_restore_decisions_agreed_across_hosts_and_verified_on_another_topology(
   assert (checkpoint_steps(job_dir), sorted(os.listdir(layout.unrestorable_dir(job_dir)))) == before
 
   name, shard = damage.flip_a_byte(layout.step_dir(layout.checkpoint_dir(job_dir), newest), host=1)
-  single = process.Job(process.ours_argv(exp, job_dir), str(tmp_path / 'single.log'))
+  single = forkserver.job(process.ours_argv(exp, job_dir), str(tmp_path / 'single.log'))
   jobs.append(single)
   single.wait_for_log(r'\[PAX STATUS\]: Step `\d+` completed')  # a step: launch 5 restores a 1-host checkpoint
   single.send(signal.SIGTERM)

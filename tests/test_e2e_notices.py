@@ -10,6 +10,7 @@ from pax_autockpt import hosts
 from pax_autockpt.tools import fake_metadata
 from pax_autockpt.tools import launcher
 from pax_autockpt.tools import process
+from tests import forkserver
 from tests.conftest import assert_restorable
 from tests.conftest import checkpoint_steps
 from tests.conftest import events_of
@@ -52,7 +53,7 @@ def test_two_hosts_notices_on_host_1_only_are_saved_by_both_training_goes_on_the
     env = launcher.host_env()
     if host == 1:  # only host 1's VM gets the maintenance notice
       env['GCE_METADATA_HOST'] = metadata.host
-    job = process.Job(launcher.host_argv(cfg, host, port), str(tmp_path / f'host{host}.log'), env=env)
+    job = forkserver.job(launcher.host_argv(cfg, host, port), str(tmp_path / f'host{host}.log'), env=env)
     jobs.append(job)
   jobs[1].wait_for_log(WATCHING, timeout=300)
   jobs[1].wait_for_log(STEADY, timeout=300)

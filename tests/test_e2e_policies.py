@@ -4,6 +4,7 @@ import pytest
 
 from pax_autockpt.tools import process
 from pax_autockpt.tools import report
+from tests import forkserver
 from tests.conftest import checkpoint_steps
 from tests.conftest import events_of
 
@@ -15,7 +16,7 @@ MTBF_HOURS = 0.2
 
 
 def test_adaptive_interval_converges_to_young_daly_and_best_n_keeps_the_lowest_loss(jobs, job_dir, tmp_path):
-  job = process.Job(process.ours_argv(process.TINY_EXP, job_dir, f'--autockpt_mtbf_hours={MTBF_HOURS}',
+  job = forkserver.job(process.ours_argv(process.TINY_EXP, job_dir, f'--autockpt_mtbf_hours={MTBF_HOURS}',
                                       '--autockpt_keep_best=2'), str(tmp_path / 'run.log'))
   jobs.append(job)
   assert job.wait(300) == 0, job.log()[-3000:]

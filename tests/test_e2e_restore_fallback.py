@@ -19,6 +19,7 @@ from pax_autockpt import layout
 from pax_autockpt.tools import process
 from pax_autockpt.tools import verify
 from tests import damage
+from tests import forkserver
 from tests.conftest import checkpoint_steps
 from tests.conftest import events_of
 
@@ -32,7 +33,7 @@ OCDBT = '--tensorstore_use_ocdbt'  # one key-value database per checkpoint
 
 def _run_and_preempt(jobs, job_dir, log, *flags, min_checkpoints=1) -> list[int]:
   """Trains until `min_checkpoints` are committed, SIGTERM; returns the committed steps."""
-  job = process.Job(process.ours_argv(EXP, job_dir, *flags), log)
+  job = forkserver.job(process.ours_argv(EXP, job_dir, *flags), log)
   jobs.append(job)
   job.wait_for_log(r'\[PAX STATUS\]: Step `\d+` completed')
   process.wait_until(lambda: len(events_of(job_dir, 'save_committed')) >= min_checkpoints,
@@ -55,7 +56,7 @@ def _restart(jobs, job_dir, log, *flags) -> int:
   """The same command again, until its restore is done (its `start` event), then SIGTERM: nothing trained
   since the restore, so it exits 143 before the training step compiles. Returns the restored step."""
   starts = len(events_of(job_dir, 'start'))
-  job = process.Job(process.ours_argv(EXP, job_dir, *flags), log)
+  job = forkserver.job(process.ours_argv(EXP, job_dir, *flags), log)
   jobs.append(job)
   process.wait_until(lambda: len(events_of(job_dir, 'start')) > starts, 'the restart\'s start event', 300, 0.05, job)
   job.send(signal.SIGTERM)

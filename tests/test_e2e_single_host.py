@@ -14,6 +14,7 @@ from pax_autockpt import events as events_lib
 from pax_autockpt import hosts
 from pax_autockpt import layout
 from pax_autockpt.tools import process
+from tests import forkserver
 from tests.conftest import assert_restorable
 from tests.conftest import checkpoint_steps
 from tests.conftest import events_of
@@ -30,8 +31,9 @@ SEED_FLAGS = ('--jax_fully_async_checkpoint', '--exit_after_ondemand_checkpoint'
               '--host_idx=0')
 
 
-def _start(jobs, argv, log):
-  job = process.Job(argv, log)
+def _start(jobs, argv, log, fresh=False):
+  """Forked from a process that imported paxml (tests/forkserver.py), or a `fresh` interpreter."""
+  job = (process.Job if fresh else forkserver.job)(argv, log)
   jobs.append(job)
   return job
 
@@ -83,7 +85,7 @@ def preempted(tmp_path_factory):
   its job directory or work on a copy of it (one process start fewer per test). Session-scoped, so
   that a worker makes it once even when it runs another file's test between two of these."""
   root = tmp_path_factory.mktemp('preempted')
-  job = process.Job(process.ours_argv(SHORT, str(root / 'job')), str(root / 'run1.log'))
+  job = forkserver.job(process.ours_argv(SHORT, str(root / 'job')), str(root / 'run1.log'))
   try:
     code, secs = _preempt_mid_training(job)
   finally:
@@ -150,7 +152,7 @@ def _the_fixed_rerun_resumes_to_the_end(jobs, job_dir, step, tmp_path):
   assert job_dir == str(tmp_path / 'job')
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # `tests.` experiments from another cwd
   path = os.pathsep.join(filter(None, (root, os.environ.get('PYTHONPATH'))))
-  second = process.Job(process.ours_argv(SHORT, 'job'), str(tmp_path / 'run2.log'), cwd=str(tmp_path),
+  second = forkserver.job(process.ours_argv(SHORT, 'job'), str(tmp_path / 'run2.log'), cwd=str(tmp_path),
                        env={**os.environ, 'PYTHONPATH': path})
   jobs.append(second)
   assert second.wait(300) == 0, second.log()[-3000:]
@@ -187,7 +189,7 @@ def test_stock_paxml_main_with_seed_flags(jobs, job_dir, tmp_path):
 def test_sigterm_before_first_step_exits_143_at_once_with_nothing_to_save(jobs, job_dir, tmp_path):
   """SIGTERM while Python is still importing paxml: recorded, and at the loop's first iteration every host
   agrees that nothing was trained: exit 143 before the step compiles, no checkpoint written."""
-  job = _start(jobs, process.ours_argv(EXP, job_dir), str(tmp_path / 'run.log'))
+  job = _start(jobs, process.ours_argv(EXP, job_dir), str(tmp_path / 'run.log'), fresh=True)
   time.sleep(1.0)
   sent = job.send(signal.SIGTERM)
   assert job.wait(180) == 143, job.log()[-3000:]
