@@ -26,8 +26,7 @@ def _rows():
         unquote = lambda c: c.strip('`')
         before_paxml = cells[5] == 'yes'
         rows.append(pytest.param(cells[2], unquote(cells[3]), unquote(cells[4]), before_paxml, unquote(cells[6]),
-                                 id=f'{cells[0]}-{cells[1].replace(" ", "_")}',
-                                 marks=() if before_paxml else pytest.mark.xdist_group('paxml-forkserver')))
+                                 id=f'{cells[0]}-{cells[1].replace(" ", "_")}'))
   return rows
 
 
