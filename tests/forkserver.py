@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 
 from pax_autockpt.tools import process
 
@@ -111,6 +112,20 @@ def _say(message) -> None:
   os.write(1, (json.dumps(message) + '\n').encode())
 
 
+def _fork() -> int:
+  """os.fork, where jax has not started its backend (its threads would not be in the child): jax warns of
+  a deadlock at every fork once imported, which is not so here; the child gets the warning filters back."""
+  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+  if xla_bridge._backends:  # pylint: disable=protected-access
+    raise RuntimeError('jax started a backend in the fork server')
+  filters = list(warnings.filters)
+  warnings.filterwarnings('ignore', message=r'os\.fork\(\) was called', category=RuntimeWarning)
+  pid = os.fork()
+  warnings.filters[:] = filters
+  warnings._filters_mutated()  # pylint: disable=protected-access
+  return pid
+
+
 def serve() -> None:
   """One thread only (a fork copies just the caller): reads commands, forks, reports each child's end;
   at the end of its input it kills the sessions of the children still running."""
@@ -127,7 +142,7 @@ def serve() -> None:
         line, pending = pending.split(b'\n', 1)
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        pid = _fork()
         if pid == 0:
           _child(json.loads(line))
         children.add(pid)
