@@ -99,6 +99,8 @@ def _child(request: dict) -> None:
     code = _run_as_main(request['module'])
     threading._shutdown()  # pylint: disable=protected-access
     atexit._run_exitfuncs()  # pylint: disable=protected-access
+  except BaseException:  # pylint: disable=broad-except  (before the module ran: say why, exit 1)
+    traceback.print_exc()
   finally:
     sys.stdout.flush()
     sys.stderr.flush()
