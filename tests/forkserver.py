@@ -19,7 +19,6 @@ Protocol, one JSON object per line. To the server: {module, args, env, cwd, stdo
 """
 
 import atexit
-import itertools
 import json
 import os
 import queue
@@ -294,7 +293,7 @@ class ForkedJob(process.Job):
 
 def job(argv, log_path: str, env: dict[str, str] | None = None, cwd: str | None = None) -> process.Job:
   """`process.Job(argv, ...)`, forked from a server when it runs `python -m pax_autockpt.main`."""
-  if list(itertools.islice(argv, 3)) == [sys.executable, '-m', MAIN]:
+  if list(argv[:3]) == [sys.executable, '-m', MAIN]:
     return ForkedJob(argv, log_path, env=env, cwd=cwd)
   return process.Job(argv, log_path, env=env, cwd=cwd)
 

@@ -3,6 +3,7 @@
 import json
 
 from etils import epath
+import pytest
 
 from pax_autockpt import integrity
 
@@ -55,7 +56,6 @@ def test_ocdbt_missing_manifest_or_empty_data_file(tmp_path):
 def test_only_a_listing_that_succeeded_is_evidence(tmp_path, monkeypatch):
   """On gs://, is_dir()/exists() say False when the bucket refuses the request (403, 503): that must not
   read as "state is missing" (it set a good checkpoint aside); a failing listing raises instead."""
-  import pytest  # pylint: disable=g-import-not-at-top
   step = epath.Path(tmp_path)
   _zarr(step)
   path_type = type(step)
@@ -84,7 +84,6 @@ def test_a_committed_json_file_that_does_not_parse_is_named_with_its_size(tmp_pa
 def test_arrays_checked_side_by_side_report_in_name_order_up_to_the_limit(tmp_path, monkeypatch):
   """The arrays are read concurrently (storage round trips overlap), yet the reasons come in the
   arrays' name order, at most `limit`, and a listing refused inside one array still raises."""
-  import pytest  # pylint: disable=g-import-not-at-top
   step = epath.Path(tmp_path)
   for name in ('z', 'x', 'v', 'y', 'w'):
     _zarr(step, name=name, files=('0.0',))
