@@ -22,6 +22,7 @@ from pax_autockpt import failures
 from pax_autockpt import grace
 from pax_autockpt import internals
 from pax_autockpt import layout
+from pax_autockpt import lineage as lineage_lib
 from pax_autockpt import local_restore
 from pax_autockpt import local_saves
 from pax_autockpt import manifest as manifest_lib
@@ -104,16 +105,19 @@ class AutockptCheckpointer:
     self._exit_step: int | None = None  # the step whose commit the exit path waits for
     self._first_iteration = True
     signals.on_first_signal(self._signal_arrived)
-    self._local, local = None, None
+    self._local, local, self._lineage, job = None, None, None, ''
     if settings.local_dir:
       folder = layout.local_dir(settings.local_dir, events.host)
+      job, run = lineage_lib.identify(events.job_log_dir, events.host)
+      self._lineage = lineage_lib.Tracker(job, run)
       self._local = local_saves.LocalSaves(folder, min_interval_secs=settings.local_min_interval_secs,
-                                           keep=settings.local_keep, events=events)
+                                           keep=settings.local_keep, events=events, lineage=self._lineage)
       local = local_restore.LocalRestore(folder, host=events.host, hosts=jax.process_count())
     self._restorer = restore_lib.Restorer(inner, events=events, checksums=settings.checksums,
                                           retry_secs=settings.restore_retry_secs,
                                           set_aside=self._forget_unrestorable,
-                                          restart_input=settings.input_on_host_change == 'restart', local=local)
+                                          restart_input=settings.input_on_host_change == 'restart', local=local,
+                                          local_job=job)
 
   def __getattr__(self, name: str) -> Any:
     return getattr(self._inner, name)
@@ -139,8 +143,17 @@ class AutockptCheckpointer:
   # --- restore ---------------------------------------------------------------------------------
 
   def get_model_states(self, partitioner, metadata, root_prng_key, train_input_pipeline=None):
-    """Pax's restore, checked, classified and agreed by every host (pax_autockpt.restore)."""
-    return self._restorer.get_model_states(partitioner, metadata, root_prng_key, train_input_pipeline)
+    """Pax's restore, checked, classified and agreed by every host (pax_autockpt.restore); the local tier
+    learns what this run's lineage starts from."""
+    restored = self._restorer.get_model_states(partitioner, metadata, root_prng_key, train_input_pipeline)
+    if self._lineage is not None:
+      step = self._inner.step_to_restore
+      if self._restorer.restored_from == 'local':
+        self._lineage.restored(step, self._restorer.local_lineage)
+        self._local.restored(step)
+      else:
+        self._lineage.restored(step if self._restorer.restored_from == 'bucket' else None)
+    return restored
 
   @property
   def verified(self) -> dict[str, int]:
@@ -183,7 +196,7 @@ class AutockptCheckpointer:
     if self._first_iteration:
       self._first_iteration = False
       if self._exit_after_ondemand and self._preemption.signalled_before_training(step_i):
-        self._exit_before_training(step_i)
+        self._exit_before_training(step_i, state)
     notice = self._notices.due(step_i)
     if self._preemption.check(step_i):
       self._on_preemption(step_i, state)
@@ -281,6 +294,8 @@ class AutockptCheckpointer:
       self._forget(step)
       return
     blocking, nbytes = time.time() - start, self._background.captured_bytes
+    if self._lineage is not None:
+      self._lineage.save_started(step)
     self._background.launch(
         started=lambda s: self._started(s, reason, start, blocking, start - before),
         done=lambda s, error: self._done(s, start, error, dict(reason=reason, blocking=blocking, metrics=metrics,
@@ -307,6 +322,8 @@ class AutockptCheckpointer:
     logging.error('[autockpt] save of step %d failed to commit (%s); the newest committed checkpoint is %s.',
                   step, failures.one_line(error) if error else 'not committed', self.newest_committed())
     self._forget(step)
+    if self._lineage is not None:
+      self._lineage.save_failed(step)
     if self._events.host == 0:
       self._remove_leftovers(step)
 
@@ -336,6 +353,8 @@ class AutockptCheckpointer:
     self._events.write('save_committed', step=step, duration_s=round(duration, 6), bytes=nbytes,
                        **({'metrics': values} if values else {}), **({'manifest': True} if self._checksums else {}))
     self.committed_this_run.append(step)
+    if self._lineage is not None:
+      self._lineage.save_committed(step)
     logging.info('[autockpt] %s save of step %d committed in %.2f s (%.1f MB written by this host).', reason, step,
                  duration, nbytes / 1e6)
     self._summaries.committed(step, duration)
@@ -423,9 +442,16 @@ class AutockptCheckpointer:
       fields['grace_s'] = self._grace_secs
     return fields
 
-  def _exit_before_training(self, step: int) -> None:
+  def _exit_before_training(self, step: int, state: dict[str, Any]) -> None:
     """A signal during start-up or the restore: nothing trained since the checkpoint just restored (or
-    nothing at all), so nothing to save; every host exits now, before the first step compiles."""
+    nothing at all), so nothing to save; every host exits now, before the first step compiles. Unless the
+    state restored is a local step the job directory lacks: it is saved there first (the local disks may
+    go with the VMs), as at any agreed step."""
+    unbacked = self._restorer.unbacked_step
+    if unbacked is not None:
+      logging.info('[autockpt] The restored local step %d is not in the job directory (newest there: %s): saving '
+                   'it there before exiting.', unbacked, self._restorer.local_agreed_newest)
+      self._on_preemption(step, state)
     deadline = self._deadline()
     newest = self._exit_step = self.newest_committed()
     self._events.write('preemption', step=step, signal=self._preemption.signal_name, saved_step=newest,
@@ -530,7 +556,8 @@ class AutockptCheckpointer:
     """The watchdog, `grace.WATCHDOG_LEAD_SECS` before the deadline, with the process still alive (a wait
     or a teardown that hangs): one line and exit now, 143 if the step the exit waited for is committed.
     The line and the event get half the lead time (storage may be what hangs), then the process ends."""
-    known = [s for s in (*self.committed_this_run, self._inner.step_to_restore) if s is not None]  # no storage call
+    restored = self._inner.step_to_restore if self._restorer.unbacked_step is None else None  # a local step is not
+    known = [s for s in (*self.committed_this_run, restored) if s is not None]  # no storage call
     code = self._exit_code if self._exit_step is not None and self._exit_step in known else 1
     message = (f'[autockpt] The grace period of {deadline.grace_secs:g} s ends in {grace.WATCHDOG_LEAD_SECS:g} s: '
                f'exiting {code} now; the newest committed checkpoint is {max(known, default=None)}.')

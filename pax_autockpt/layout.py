@@ -7,6 +7,7 @@ JOB_LOG_DIR/
   autockpt/events.host<IDX>.<PART>.jsonl
   autockpt/host<IDX>.log             a host's output under `pax-autockpt launch` (local disk only)
   autockpt/unrestorable/             damaged checkpoints moved aside (local disk)
+  autockpt/job_id                    the job's identity, made once (pax_autockpt.lineage)
   summaries/autockpt/                the save scalars for TensorBoard
 
 LOCAL_DIR/ (the local tier, one per host, --autockpt_local_dir with {host} replaced)
@@ -191,6 +192,19 @@ def autockpt_dir(job_log_dir: epath.PathLike) -> epath.Path:
 
 def unrestorable_dir(job_log_dir: epath.PathLike) -> epath.Path:
   return autockpt_dir(job_log_dir) / 'unrestorable'
+
+
+def set_aside_steps(job_log_dir: epath.PathLike) -> list[int]:
+  """Steps of damaged checkpoints a restore set aside: marked in place (gs://) or moved aside."""
+  steps = set(marked_unrestorable_steps(checkpoint_dir(job_log_dir)))
+  aside = unrestorable_dir(job_log_dir)
+  if aside.is_dir():
+    steps.update(s for s in (step_of(p.name.split('.', 1)[0]) for p in aside.iterdir()) if s is not None)
+  return sorted(steps)
+
+
+def job_id_path(job_log_dir: epath.PathLike) -> epath.Path:
+  return autockpt_dir(job_log_dir) / 'job_id'
 
 
 def events_path(job_log_dir: epath.PathLike, host: int, part: int | None = None) -> epath.Path:

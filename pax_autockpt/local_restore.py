@@ -1,13 +1,15 @@
-"""A restart restores the freshest complete copy: the local tier's newest complete step, or the bucket's.
+"""A restart restores the freshest complete copy: the local tier's newest complete step, or the job directory's.
 
-Every host lists its committed local steps, reads each back against its digests (a damaged one is left
-where it is and not offered), and reports them with the fingerprint of the shards it needs on this
-run's mesh. From the same reports every host reaches the same plan (`choose`): the newest step for
-which every host has a copy of its own shards — on its own disk, or on a peer's that holds the same
-shards (another data-parallel replica: a replaced VM with an empty disk) — if it is at least as new as
-the bucket's newest committed checkpoint; else the bucket. A host without its own copy receives the
-peer's through the coordination service before anyone reads (`fill`). Reading a local step never
-touches the bucket; if it fails anywhere, every host falls back to the bucket together.
+Every host lists its committed local steps and offers only those of this job's lineage (`lineage.refusal`:
+another job's, or a rolled-back lineage's, are named and left where they are) that read back against their
+digests, with the fingerprint of the shards it needs on this run's mesh. From the same reports every host
+reaches the same plan (`choose`): the newest step for which every host has a copy of its own shards from
+one save — on its own disk, or on a peer's that holds the same shards (another data-parallel replica: a
+replaced VM with an empty disk) — if it is at least as new as the job directory's newest committed
+checkpoint (host 0's listing); else the job directory. A host without its own copy receives the peer's
+through the coordination service before anyone reads (`fill`). Reading a local step never touches the job
+directory; if it fails anywhere, every host falls back to the job directory together. The restore plans
+again whenever it sets a job-directory checkpoint aside.
 """
 
 import base64
@@ -23,6 +25,7 @@ from jax._src import distributed
 from pax_autockpt import agreement
 from pax_autockpt import failures
 from pax_autockpt import layout
+from pax_autockpt import lineage as lineage_lib
 from pax_autockpt import local_tier
 
 _KEY = 'autockpt/local-restore/'
@@ -32,18 +35,22 @@ _FILL_WAIT_MS = 10 * 60 * 1000
 
 @dataclasses.dataclass(frozen=True)
 class HostReport:
-  """What one host needs (its shards' fingerprint on this mesh) and has (usable local step -> fingerprint)."""
+  """What one host needs (its shards' fingerprint on this mesh) and has (usable local step -> (fingerprint,
+  lineage token)); host 0's also carries the job directory's newest committed step, which every host plans
+  against."""
 
   needs: str
-  has: dict[int, str]
+  has: dict[int, tuple[str, str]]
+  bucket: int | None = None
 
   def encode(self) -> str:
-    return json.dumps({'needs': self.needs, 'has': {str(s): f for s, f in self.has.items()}})
+    return json.dumps({'needs': self.needs, 'has': {str(s): list(f) for s, f in self.has.items()},
+                       'bucket': self.bucket})
 
   @classmethod
   def decode(cls, text: str) -> 'HostReport':
     found = json.loads(text)
-    return cls(found['needs'], {int(s): f for s, f in found['has'].items()})
+    return cls(found['needs'], {int(s): tuple(f) for s, f in found['has'].items()}, found.get('bucket'))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,24 +66,44 @@ class Plan:
 
 
 def choose(reports: dict[int, HostReport], hosts: int, bucket_step: int | None) -> Plan | None:
-  """The newest local step every host can restore (its own copy first, else the lowest peer's with the
-  same shards), if the bucket has none newer; None: restore from the bucket."""
+  """The newest local step every host can restore from copies of one save (one lineage token): its own
+  copy first, else the lowest peer's with the same shards; if the bucket has none newer. None: restore
+  from the bucket."""
   if sorted(reports) != list(range(hosts)):
     return None
   for step in sorted({s for r in reports.values() for s in r.has}, reverse=True):
     if bucket_step is not None and step < bucket_step:
       return None
-    donors = {}
-    for host in range(hosts):
-      need = reports[host].needs
-      holders = [host] if reports[host].has.get(step) == need else []
-      holders += [g for g in range(hosts) if reports[g].has.get(step) == need]
-      if not holders:
-        break
-      donors[host] = holders[0]
-    else:
-      return Plan(step, donors)
+    for token in sorted({r.has[step][1] for r in reports.values() if step in r.has}):
+      donors = _donors(reports, hosts, step, token)
+      if donors is not None:
+        return Plan(step, donors)
   return None
+
+
+def _donors(reports: dict[int, HostReport], hosts: int, step: int, token: str) -> dict[int, int] | None:
+  donors = {}
+  for host in range(hosts):
+    want = (reports[host].needs, token)
+    holders = [host] if reports[host].has.get(step) == want else []
+    holders += [g for g in range(hosts) if reports[g].has.get(step) == want]
+    if not holders:
+      return None
+    donors[host] = holders[0]
+  return donors
+
+
+@dataclasses.dataclass(frozen=True)
+class JobState:
+  """What the restart found in the job directory, that a local step's lineage is checked against."""
+
+  job: str
+  committed: list[int]
+  set_aside: list[int]
+
+  @property
+  def newest(self) -> int | None:
+    return self.committed[-1] if self.committed else None
 
 
 class LocalRestore:
@@ -85,53 +112,75 @@ class LocalRestore:
   def __init__(self, folder: epath.PathLike, *, host: int, hosts: int):
     self.folder = epath.Path(folder)
     self._host, self._hosts = host, hosts
+    self._plans = 0  # a fresh coordination key for each plan of this run
+    self.restored_lineage: lineage_lib.Lineage | None = None  # of the local step `load` read
+    self.agreed_newest: int | None = None  # the job directory's newest checkpoint the last plan was made against
 
-  def usable_steps(self, needs_input: bool) -> dict[int, str]:
-    """Committed local steps that read back as written, for this number of hosts, with every host's
-    input position where the run restores one: step -> fingerprint."""
+  def usable_steps(self, needs_input: bool, job: JobState) -> dict[int, tuple[str, str]]:
+    """Committed local steps of this job's lineage (`lineage.refusal`) at least as new as its newest
+    checkpoint, that read back as written, for this number of hosts, with every host's input position
+    where the run restores one: step -> (fingerprint, lineage token). Every other one is named in a line
+    and left where it is."""
     usable = {}
     for step in layout.local_committed_steps(self.folder):
-      path = layout.local_step_dir(self.folder, step)
-      try:
-        found = local_tier.read_index(path)
-        local_tier.read_shards(path, found)
-      except (local_tier.LocalDamage, OSError) as e:
-        logging.warning('[autockpt] local step %d is damaged, not offered for the restore: %s', step,
-                        failures.one_line(e))
+      if job.newest is not None and step < job.newest:
+        continue  # the job directory's is newer
+      why, found = self._refusal(step, needs_input, job)
+      if why is not None:
+        logging.warning('[autockpt] local step %d is not offered for the restore: %s', step, why)
         continue
-      inputs = found.get('inputs', {})
-      if found.get('hosts') == self._hosts and (not needs_input or all(inputs.get(str(h)) for h in range(self._hosts))):
-        usable[step] = found['fingerprint']
+      usable[step] = (found['fingerprint'], local_tier.lineage_of(found).token)
     return usable
 
-  def plan(self, needs: str, bucket_step: int | None, needs_input: bool) -> Plan | None:
-    """Every host's reports, one plan on every host."""
+  def _refusal(self, step: int, needs_input: bool, job: JobState) -> tuple[str | None, dict[str, Any]]:
+    """Why local `step` is not offered (None: it is), and its index."""
+    path = layout.local_step_dir(self.folder, step)
     try:
-      has = self.usable_steps(needs_input)
+      found = local_tier.read_index(path)
+      lineage = local_tier.lineage_of(found)
+      why = lineage_lib.refusal(lineage, step, job=job.job, committed=job.committed, set_aside=job.set_aside)
+      if why is None:
+        local_tier.read_shards(path, found)
+    except (local_tier.LocalDamage, OSError) as e:
+      return f'damaged ({failures.one_line(e)})', {}
+    if why is None and found.get('hosts') != self._hosts:
+      why = f'written by {found.get("hosts")} hosts, this run has {self._hosts}'
+    inputs = found.get('inputs', {})
+    if why is None and needs_input and not all(inputs.get(str(h)) for h in range(self._hosts)):
+      why = 'it holds no input position for every host'
+    return why, found
+
+  def plan(self, needs: str, job: JobState, needs_input: bool) -> Plan | None:
+    """Every host's reports, one plan on every host (against host 0's newest job-directory checkpoint)."""
+    try:
+      has = self.usable_steps(needs_input, job)
     except OSError as e:
       logging.warning('[autockpt] local tier %s unreadable: %s', self.folder, failures.one_line(e))
       has = {}
-    found = agreement.reports(f'{_KEY}plan', self._host, HostReport(needs, has).encode())
-    plan = choose({h: HostReport.decode(t) for h, t in found.items()}, self._hosts, bucket_step)
-    where = ('the bucket' if plan is None else
+    self._plans += 1
+    found = agreement.reports(f'{_KEY}plan/{self._plans}', self._host, HostReport(needs, has, job.newest).encode())
+    reports = {h: HostReport.decode(t) for h, t in found.items()}
+    newest = self.agreed_newest = reports[0].bucket if 0 in reports else job.newest
+    plan = choose(reports, self._hosts, newest)
+    where = ('the job directory' + ('' if newest is not None else ' (empty: a fresh start)') if plan is None else
              f'local step {plan.step}' + (f', hosts {sorted(plan.filled)} from a peer\'s copy' if plan.filled else ''))
-    logging.info('[autockpt] local tier: this host has steps %s; bucket newest %s; restoring %s.',
-                 sorted(has) or 'none', bucket_step, where)
+    logging.info('[autockpt] local tier: this host offers steps %s; the job directory\'s newest checkpoint is %s; '
+                 'restoring %s.', sorted(has) or 'none', 'none' if newest is None else newest, where)
     return plan
 
   def fill(self, plan: Plan) -> bool:
     """Hosts without their own copy get a peer's; True on every host when every fill succeeded."""
     client = distributed.global_state.client
-    prefix = f'{_KEY}fill/{plan.step}/'
+    prefix = f'{_KEY}fill/{self._plans}/{plan.step}/'
     error = None
     try:
       if self._host in plan.filled.values():
         self._publish(client, f'{prefix}{self._host}/', plan.step)
       if self._host in plan.filled:
-        began = time.time()
+        began = time.monotonic()
         self._receive(client, f'{prefix}{plan.filled[self._host]}/', plan.step)
         logging.info('[autockpt] local step %d received from host %d in %.3f s.', plan.step,
-                     plan.filled[self._host], time.time() - began)
+                     plan.filled[self._host], time.monotonic() - began)
     except Exception as e:  # pylint: disable=broad-except
       error = f'host {self._host}: {failures.one_line(e)}'
     failed = agreement.first_report(f'{prefix}done', self._host, error)
@@ -151,7 +200,8 @@ class LocalRestore:
 
   def _receive(self, client: Any, prefix: str, step: int) -> None:
     count = int(client.blocking_key_value_get(f'{prefix}chunks', _FILL_WAIT_MS))
-    found = json.loads(client.blocking_key_value_get(f'{prefix}index', _FILL_WAIT_MS))
+    found = local_tier.parse_index(client.blocking_key_value_get(f'{prefix}index', _FILL_WAIT_MS),
+                                   f'host {self._host}\'s copy of local step {step}\'s index')
     partial = layout.local_partial_dir(self.folder, step)
     if partial.exists():
       partial.rmtree()
@@ -168,6 +218,7 @@ class LocalRestore:
     path = layout.local_step_dir(self.folder, step)
     found = local_tier.read_index(path)
     shards = local_tier.read_shards(path, found)
+    self.restored_lineage = local_tier.lineage_of(found)
     if pipeline is not None:
       pipeline.set_state(local_tier.input_state(found, self._host))
     return local_tier.arrays_for(shards, shapes, mesh, specs)

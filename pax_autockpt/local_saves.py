@@ -8,7 +8,9 @@ every host wrote its part: each host publishes "done, with my input position" th
 service, waits (bounded) for all the others, writes every host's input position into its index (so
 that a peer can restore a replaced host's position too) and renames. A host killed mid-save leaves its
 peers' parts uncommitted after the bound, never a step some host lacks a part of. No device collective
-runs in the background. After a commit the newest `local_keep` committed steps stay.
+runs in the background. Each step records its lineage (pax_autockpt.lineage), taken with the state. After a
+commit the newest `local_keep` steps this run committed stay; every other committed step in the directory
+(older ones, another job's, a rolled-back lineage's) goes.
 """
 
 import base64
@@ -25,6 +27,7 @@ from pax_autockpt import agreement
 from pax_autockpt import events as events_lib
 from pax_autockpt import failures
 from pax_autockpt import layout
+from pax_autockpt import lineage as lineage_lib
 from pax_autockpt import local_tier
 from pax_autockpt import signals
 
@@ -35,7 +38,8 @@ PEER_WAIT_SECS = 60.0  # a peer that has not written its part by then is gone: t
 class LocalSaves:
   """The local tier's saves for one host (see the module docstring)."""
 
-  def __init__(self, folder: epath.PathLike, *, min_interval_secs: float, keep: int, events: events_lib.EventLog):
+  def __init__(self, folder: epath.PathLike, *, min_interval_secs: float, keep: int, events: events_lib.EventLog,
+               lineage: lineage_lib.Tracker):
     self.folder = epath.Path(folder)
     self.folder.mkdir(parents=True, exist_ok=True)
     self._host, self._hosts = events.host, jax.process_count()
@@ -43,22 +47,33 @@ class LocalSaves:
     self._min_interval = min_interval_secs
     self._keep = keep
     self._events = events
+    self._lineage = lineage
     self._decide = agreement.PrimaryDecides(self._host, prefix='autockpt/local-decision/')
     self._thread: threading.Thread | None = None
-    self._last_start = 0.0
+    self._last_start = -float('inf')
     self._published: list[int] = []  # steps whose coordination keys this host set
-    self._newest = max(layout.local_committed_steps(self.folder), default=-1)  # e.g. the step just restored
+    self._newest = -1  # the newest step saved (or restored from here): leftovers of other runs do not count
+    self._mine: list[int] = []  # the steps this run committed, oldest first
+
+  def restored(self, step: int) -> None:
+    """The run restored local step `step`: it is not saved again."""
+    self._newest = step
 
   def maybe_save(self, step: int, train_state: Any, pipeline: Any = None) -> None:
     """Once per loop iteration on every host, in the same order."""
     if not self._decide(lambda: self._due(step)):
       return
     if self._thread is not None:
-      self._thread.join()  # the primary's finished; a peer's is at most finishing its rename
-    self._last_start, self._newest = time.time(), step
+      self._thread.join(PEER_WAIT_SECS)  # the primary's finished; a peer's is at most finishing its rename
+      if self._thread.is_alive():
+        logging.warning('[autockpt] local save of step %d skipped on this host: the previous one is still '
+                        'writing after %.0f s.', step, PEER_WAIT_SECS)
+        return
+    self._last_start, self._newest = time.monotonic(), step
     jax.block_until_ready(train_state)
     snapshot = local_tier.capture(train_state, pipeline)
-    self._thread = threading.Thread(target=self._finish, args=(step, snapshot, self._last_start),
+    began = (time.time(), self._last_start)
+    self._thread = threading.Thread(target=self._finish, args=(step, snapshot, began, self._lineage.at(step)),
                                     name=f'autockpt-local-{step}', daemon=True)
     self._thread.start()
 
@@ -74,23 +89,27 @@ class LocalSaves:
   def _due(self, step: int) -> bool:
     """On the primary: a step not saved locally yet, the previous local save done, the interval passed, and
     no signal (the grace period is the bucket save's)."""
-    idle = not self.in_flight and time.time() - self._last_start >= self._min_interval
+    idle = not self.in_flight and time.monotonic() - self._last_start >= self._min_interval
     return idle and step > self._newest and signals.received() is None
 
-  def _finish(self, step: int, snapshot: local_tier.Snapshot, start: float) -> None:
-    """In the background: this host's part, every host's input positions, the commit, the pruning."""
+  def _finish(self, step: int, snapshot: local_tier.Snapshot, began: tuple[float, float],
+              lineage: lineage_lib.Lineage) -> None:
+    """In the background: this host's part, every host's input positions, the commit, the pruning.
+    `began`: the capture's wall-clock time (for the index) and monotonic time (for the duration)."""
     partial = None
     try:
       partial, arrays = local_tier.write_part(self.folder, step, snapshot)
       inputs = self._exchange(step, snapshot.input_state)
       fp = local_tier.fingerprint_of(snapshot)
-      local_tier.commit(partial, local_tier.index(step, self._host, self._hosts, fp, arrays, inputs, start))
+      local_tier.commit(partial, local_tier.index(step, self._host, self._hosts, fp, arrays, inputs, began[0],
+                                                  lineage))
     except Exception as e:  # pylint: disable=broad-except
       logging.warning('[autockpt] local save of step %d not committed: %s', step, failures.one_line(e))
       if partial is not None and partial.exists():
         partial.rmtree()
       return
-    duration = time.time() - start
+    duration = time.monotonic() - began[1]
+    self._mine.append(step)
     self._events.write('local_committed', step=step, duration_s=round(duration, 6), bytes=snapshot.nbytes)
     logging.log_every_n_seconds(logging.INFO, '[autockpt] local save of step %d committed in %.3f s (%.1f MB).',
                                 60, step, duration, snapshot.nbytes / 1e6)
@@ -104,9 +123,9 @@ class LocalSaves:
     self._client.key_value_set(f'{_KEY}{step}/{self._host}', encoded)
     self._published.append(step)
     inputs = {}
-    deadline = time.time() + PEER_WAIT_SECS
+    deadline = time.monotonic() + PEER_WAIT_SECS
     for host in range(self._hosts):
-      wait_ms = max(1, int((deadline - time.time()) * 1000))
+      wait_ms = max(1, int((deadline - time.monotonic()) * 1000))
       got = self._client.blocking_key_value_get(f'{_KEY}{step}/{host}', wait_ms)
       inputs[host] = None if got == '-' else base64.b64decode(got)
     self._forget_keys(step)
@@ -122,12 +141,15 @@ class LocalSaves:
         pass  # jaxlib 0.4.26 deletes, then cannot convert the returned absl::Status
 
   def _prune(self) -> None:
-    """The newest `keep` committed steps stay; older ones and leftovers of older saves go."""
-    steps = layout.local_committed_steps(self.folder)
-    newest = steps[-1] if steps else 0
+    """The newest `keep` steps this run committed stay; every other committed step (older, another job's
+    or lineage's: the directory is this run's now) and leftovers of older saves go."""
+    kept = set(self._mine[-self._keep:])
+    del self._mine[:-self._keep]
+    newest = max(kept)
     try:
-      for step in steps[:-self._keep]:
-        layout.local_step_dir(self.folder, step).rmtree()
+      for step in layout.local_committed_steps(self.folder):
+        if step not in kept:
+          layout.local_step_dir(self.folder, step).rmtree()
       for step, partial in layout.local_partials(self.folder):
         if step < newest:
           partial.rmtree()

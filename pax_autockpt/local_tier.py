@@ -25,9 +25,10 @@ import xxhash
 
 from pax_autockpt import background_save
 from pax_autockpt import layout
+from pax_autockpt import lineage as lineage_lib
 from pax_autockpt import manifest as manifest_lib
 
-FORMAT = 1
+FORMAT = 2  # 2: the index has a digest and a lineage
 
 
 class LocalDamage(ValueError):
@@ -116,8 +117,9 @@ def write_part(folder: epath.PathLike, step: int, snapshot: Snapshot) -> tuple[e
 
 
 def commit(partial: epath.Path, index: dict[str, Any]) -> epath.Path:
-  """The index, then the rename that commits the step; both synced."""
-  _write_synced(partial / layout.LOCAL_INDEX, json.dumps(index).encode())
+  """The index with its digest, then the rename that commits the step; both synced."""
+  body = {k: v for k, v in index.items() if k != 'digest'}
+  _write_synced(partial / layout.LOCAL_INDEX, json.dumps({**body, 'digest': _digest(body)}).encode())
   final = layout.local_step_dir(partial.parent, index['step'])
   replaced = layout.local_partial_dir(partial.parent, index['step'], replaced=True)  # the next commit removes it
   if final.exists():  # the same step again (a peer's copy for a damaged one, a step trained again): the new wins
@@ -130,26 +132,58 @@ def commit(partial: epath.Path, index: dict[str, Any]) -> epath.Path:
 
 
 def index(step: int, host: int, hosts: int, fp: str, arrays: dict[str, Any], inputs: dict[int, bytes | None],
-          captured_at: float | None = None) -> dict:
-  """`captured_at`: when the step's state was copied (unix seconds), what a kill's lost training counts from."""
+          captured_at: float | None, lineage: lineage_lib.Lineage) -> dict:
+  """`captured_at`: when the step's state was copied (unix seconds), what a kill's lost training counts from;
+  `lineage`: the job and line of training it belongs to. The whole index is covered by its `digest`: every
+  byte that steers a restore (shard places, input positions, lineage) is checked before it is used: the
+  commit adds it."""
   return {'format': FORMAT, 'hash': manifest_lib.HASH, 'step': step, 'host': host, 'hosts': hosts, 'fingerprint': fp,
-          'captured_at': captured_at,
+          'captured_at': captured_at, 'lineage': lineage.to_json(),
           'arrays': arrays, 'inputs': {str(h): None if v is None else base64.b64encode(v).decode()
                                        for h, v in inputs.items()}}
 
 
+def _digest(found: dict[str, Any]) -> str:
+  return xxhash.xxh3_64(json.dumps(found, sort_keys=True, separators=(',', ':')).encode()).hexdigest()
+
+
 def read_index(step_dir: epath.Path) -> dict[str, Any]:
+  """A local step's index, checked against its digest; LocalDamage for anything else (unreadable, not
+  JSON, another format, a byte changed)."""
+  path = step_dir / layout.LOCAL_INDEX
   try:
-    found = json.loads((step_dir / layout.LOCAL_INDEX).read_text())
+    text = path.read_text()
   except (OSError, ValueError) as e:
-    raise LocalDamage(f'{step_dir / layout.LOCAL_INDEX}: {e}') from None
-  if found.get('format') != FORMAT or found.get('hash') != manifest_lib.HASH:
-    raise LocalDamage(f'{step_dir / layout.LOCAL_INDEX}: format {found.get("format")!r}')
+    raise LocalDamage(f'{path}: {e}') from None
+  return parse_index(text, path)
+
+
+def parse_index(text: str, path: Any) -> dict[str, Any]:
+  """An index's text (from `path`, for the message) checked as `read_index` does."""
+  try:
+    found = json.loads(text)
+  except ValueError as e:
+    raise LocalDamage(f'{path}: {e}') from None
+  if not isinstance(found, dict) or found.get('format') != FORMAT or found.get('hash') != manifest_lib.HASH:
+    raise LocalDamage(f'{path}: format {found.get("format") if isinstance(found, dict) else found!r}')
+  digest = found.pop('digest', None)
+  if digest != _digest(found):
+    raise LocalDamage(f'{path}: does not match its digest' if digest else f'{path}: no digest (an older format)')
   return found
 
 
 def read_shards(step_dir: epath.Path, found: dict[str, Any]) -> dict[str, dict[str, np.ndarray]]:
-  """Every shard of a local step, checked against its digest (LocalDamage on the first that differs)."""
+  """Every shard of a local step, checked against its digest (LocalDamage on the first that differs, or
+  for an index whose fields are not what this code writes)."""
+  try:
+    return _read_shards(step_dir, found)
+  except LocalDamage:
+    raise
+  except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+    raise LocalDamage(f'{step_dir.name}: {type(e).__name__}: {e}') from None
+
+
+def _read_shards(step_dir: epath.Path, found: dict[str, Any]) -> dict[str, dict[str, np.ndarray]]:
   data = np.fromfile(str(step_dir / layout.LOCAL_SHARDS), dtype=np.uint8)
   out = {}
   for name, entry in found['arrays'].items():
@@ -162,6 +196,13 @@ def read_shards(step_dir: epath.Path, found: dict[str, Any]) -> dict[str, dict[s
       shape = tuple(s.stop - s.start for s in manifest_lib.shard_index(key))
       out[name][key] = raw.view(dtype).reshape(shape)
   return out
+
+
+def lineage_of(found: dict[str, Any]) -> lineage_lib.Lineage:
+  try:
+    return lineage_lib.Lineage.from_json(found.get('lineage'))
+  except ValueError as e:
+    raise LocalDamage(str(e)) from None
 
 
 def input_state(found: dict[str, Any], host: int) -> bytes | None:

@@ -14,6 +14,8 @@ one line and nothing moved; anything unrecognised exits 1, nothing moved.
 """
 
 import dataclasses
+import functools
+import itertools
 import json
 import time
 from typing import Any, Callable
@@ -155,12 +157,15 @@ class Restorer:
 
   def __init__(self, inner: Any, *, events: events_lib.EventLog, checksums: bool, retry_secs: float,
                set_aside: Callable[[int], None], restart_input: bool = False,
-               local: local_restore.LocalRestore | None = None):
+               local: local_restore.LocalRestore | None = None, local_job: str = ''):
     """`set_aside(step)` is called on every host after a damaged checkpoint left the listing;
     `restart_input`: an input state written by another number of hosts is not restored (the input
     starts over) instead of being a mismatch; `local`: the local tier, restored from where its newest
-    complete step is at least as new as the bucket's newest checkpoint."""
-    self._local = local
+    complete step is at least as new as the bucket's newest checkpoint; `local_job`: this job's id
+    (pax_autockpt.lineage), that a local step must have been written by."""
+    self._local, self._local_job = local, local_job
+    self._local_failed = False  # a local read failed: the rest of this restore is the job directory's
+    self._job: local_restore.JobState | None = None  # what the last local plan was made against
     self._local_step: int | None = None  # the local step being restored (Pax's step_to_restore)
     self._inner = inner
     self._restart_input = restart_input
@@ -181,16 +186,17 @@ class Restorer:
     return epath.Path(self._inner.checkpoint_manager.directory)
 
   def get_model_states(self, partitioner, metadata, root_prng_key, train_input_pipeline=None):
-    self._local_step = self._local_plan(partitioner, metadata, train_input_pipeline)
+    plan = functools.partial(self._local_plan, partitioner, metadata, train_input_pipeline)
+    self._local_step = plan()
     tries = 0
-    while True:
+    for attempt in itertools.count():
       step = self._inner.step_to_restore
       if step is None:
         logging.info('[autockpt] no committed checkpoint: starting fresh.')
         return self._inner.get_model_states(partitioner, metadata, root_prng_key, train_input_pipeline)
-      self._key = f'autockpt/restore/{step}/{tries}'
+      self._key = f'autockpt/restore/{attempt}/{step}/{tries}'
       local = step == self._local_step
-      began, restored = time.time(), None
+      began, restored = time.monotonic(), None
       pipeline = train_input_pipeline if local else self._input_to_restore(step, train_input_pipeline)
       found = None if local else agree(f'{self._key}/check', self._host, self._check(step, metadata, pipeline))
       if found is None:
@@ -203,12 +209,37 @@ class Restorer:
       if found is None:
         self.restored_from = 'local' if local else 'bucket'
         logging.info('[autockpt] %s %d restored in %.3f s.', 'local step' if local else 'checkpoint', step,
-                     time.time() - began)
+                     time.monotonic() - began)
         return (compilation_cache.owned_by_xla(restored[0]), *restored[1:])
       if local:
         self._bucket_instead(step, found)
         continue
       tries = self._act(step, found, tries)
+      if tries == 0 and not self._local_failed:  # a checkpoint was set aside: the freshest copy is decided again
+        self._local_step = plan()
+
+  @property
+  def local_lineage(self) -> Any:
+    """The lineage of the restored local step (pax_autockpt.lineage.Lineage)."""
+    return self._local.restored_lineage
+
+  @property
+  def local_agreed_newest(self) -> int | None:
+    return None if self._local is None else self._local.agreed_newest
+
+  @property
+  def unbacked_step(self) -> int | None:
+    """The restored local step where the job directory has no checkpoint of it (or newer): until one is
+    committed there, this run's state lives only on local disks."""
+    if self.restored_from != 'local':
+      return None
+    newest = self._local.agreed_newest  # the same on every host
+    return self._local_step if newest is None or newest < self._local_step else None
+
+  def _job_state(self) -> local_restore.JobState:
+    """The job directory as a local step's lineage is checked against (committed and set-aside steps)."""
+    return local_restore.JobState(self._local_job, layout.committed_steps(self.checkpoint_dir),
+                                  layout.set_aside_steps(self._events.job_log_dir))
 
   def _local_plan(self, partitioner: Any, metadata: Any, pipeline: Any) -> int | None:
     """The local step every host restores (Pax is pointed at it), or None for the bucket's newest."""
@@ -217,10 +248,11 @@ class Restorer:
     try:
       needs = local_tier.fingerprint_for(metadata.padded_global_shapes, partitioner.global_mesh,
                                          metadata.partition_specs)
+      self._job = self._job_state()
     except Exception as e:  # pylint: disable=broad-except
       logging.warning('[autockpt] local tier not used for this restore: %s', failures.one_line(e))
-      needs = ''
-    plan = self._local.plan(needs, self._inner.step_to_restore, needs_input=pipeline is not None)
+      needs, self._job = '', local_restore.JobState(self._local_job, [], [])
+    plan = self._local.plan(needs, self._job, needs_input=pipeline is not None)
     if plan is None or not self._local.fill(plan):
       return None
     internals.restore_step(self._inner, plan.step)
@@ -233,7 +265,7 @@ class Restorer:
                     step, found.reason)
     self._events.write('local_restore_failed', step=step, kind=found.kind.value, error=found.reason,
                        seen_by=found.host)
-    self._local_step = None
+    self._local_step, self._local_failed = None, True
     internals.restore_newest_instead(self._inner)
 
   def _input_to_restore(self, step: int, pipeline: Any) -> Any:

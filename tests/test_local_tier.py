@@ -10,12 +10,15 @@ import pytest
 
 from pax_autockpt import events as events_lib
 from pax_autockpt import layout
+from pax_autockpt import lineage as lineage_lib
 from pax_autockpt import local_restore
 from pax_autockpt import local_saves
 from pax_autockpt import local_tier
 from pax_autockpt import settings as settings_lib
 
 HostReport, Plan = local_restore.HostReport, local_restore.Plan
+JOB = local_restore.JobState('job-a', committed=[], set_aside=[])  # a job directory with no checkpoint yet
+LINEAGE = lineage_lib.Lineage('job-a', 'run-1', base=None)
 P = jax.sharding.PartitionSpec
 
 
@@ -39,11 +42,11 @@ class _Input:
     self.position = json.loads(state)
 
 
-def _save(folder, step, state, pipeline=None, hosts=1):
+def _save(folder, step, state, pipeline=None, hosts=1, lineage=LINEAGE):
   snap = local_tier.capture(state, pipeline)
   partial, arrays = local_tier.write_part(folder, step, snap)
   return local_tier.commit(partial, local_tier.index(step, 0, hosts, local_tier.fingerprint_of(snap), arrays,
-                                                     {0: snap.input_state}))
+                                                     {0: snap.input_state}, None, lineage))
 
 
 def test_a_saved_step_reads_back_bit_exact_on_the_same_mesh_with_its_input_position(tmp_path):
@@ -74,7 +77,7 @@ def test_a_flipped_byte_or_a_lost_index_is_damage_and_the_step_is_not_offered(tm
   with pytest.raises(local_tier.LocalDamage, match='does not match its digest'):
     path = layout.local_step_dir(tmp_path, 30)
     local_tier.read_shards(path, local_tier.read_index(path))
-  assert list(local_restore.LocalRestore(tmp_path, host=0, hosts=1).usable_steps(needs_input=False)) == [10]
+  assert list(local_restore.LocalRestore(tmp_path, host=0, hosts=1).usable_steps(needs_input=False, job=JOB)) == [10]
   assert layout.local_step_dir(tmp_path, 30).exists()  # left where it is: never deleted on a restart
 
 
@@ -85,9 +88,10 @@ def test_a_half_written_step_is_never_listed_and_the_next_commit_removes_older_l
   local_tier.write_part(tmp_path, 40, snap)  # killed before the commit
   assert layout.local_committed_steps(tmp_path) == [10]
   assert [(s, p.name) for s, p in layout.local_partials(tmp_path)] == [(40, 'step_00000040.partial')]
-  assert list(local_restore.LocalRestore(tmp_path, host=0, hosts=1).usable_steps(needs_input=False)) == [10]
+  assert list(local_restore.LocalRestore(tmp_path, host=0, hosts=1).usable_steps(needs_input=False, job=JOB)) == [10]
   # Continuous local saves (one host), keep 2: the newest two stay, the older leftover goes with them.
-  saves = local_saves.LocalSaves(tmp_path, min_interval_secs=0, keep=2, events=events_lib.EventLog(tmp_path / 'job', 0))
+  saves = local_saves.LocalSaves(tmp_path, min_interval_secs=0, keep=2, events=events_lib.EventLog(tmp_path / 'job', 0),
+                                 lineage=lineage_lib.Tracker('job-a', 'run-2'))
   for step in (50, 60, 70):
     saves.maybe_save(step, state, _Input(step))
     saves._thread.join()  # pylint: disable=protected-access
@@ -102,36 +106,37 @@ def test_steps_without_every_hosts_input_position_or_for_another_number_of_hosts
   _save(tmp_path, 10, state)  # no input position
   _save(tmp_path, 20, state, _Input(20), hosts=2)
   listing = local_restore.LocalRestore(tmp_path, host=0, hosts=1)
-  assert list(listing.usable_steps(needs_input=False)) == [10]
-  assert list(listing.usable_steps(needs_input=True)) == []
+  assert list(listing.usable_steps(needs_input=False, job=JOB)) == [10]
+  assert list(listing.usable_steps(needs_input=True, job=JOB)) == []
 
 
 def test_the_plan_takes_the_newest_step_every_host_can_restore_from_its_own_copy_or_a_replicas():
-  reports = {0: HostReport('A', {100: 'A', 200: 'A'}), 1: HostReport('A', {100: 'A'})}
+  reports = {0: HostReport('A', {100: ('A', 'j/r'), 200: ('A', 'j/r')}), 1: HostReport('A', {100: ('A', 'j/r')})}
   assert local_restore.choose(reports, 2, bucket_step=50) == Plan(200, {0: 0, 1: 0})  # host 1 from host 0
   assert local_restore.choose(reports, 2, bucket_step=None) == Plan(200, {0: 0, 1: 0})
   # A replaced VM (empty disk) is filled by a replica; a host holding other shards cannot fill it.
-  replaced = {0: HostReport('A', {200: 'A'}), 1: HostReport('A', {})}
+  replaced = {0: HostReport('A', {200: ('A', 'j/r')}), 1: HostReport('A', {})}
   assert local_restore.choose(replaced, 2, None).filled == {1: 0}
-  sharded = {0: HostReport('A', {200: 'A'}), 1: HostReport('B', {})}
+  sharded = {0: HostReport('A', {200: ('A', 'j/r')}), 1: HostReport('B', {})}
   assert local_restore.choose(sharded, 2, None) is None
   # 2 slices of 2: hosts 0/2 and 1/3 are replicas; each missing host takes its own replica's copy.
-  slices = {0: HostReport('A', {300: 'A'}), 1: HostReport('B', {}), 2: HostReport('A', {}),
-            3: HostReport('B', {300: 'B'})}
+  slices = {0: HostReport('A', {300: ('A', 'j/r')}), 1: HostReport('B', {}), 2: HostReport('A', {}),
+            3: HostReport('B', {300: ('B', 'j/r')})}
   assert local_restore.choose(slices, 4, 100) == Plan(300, {0: 0, 1: 3, 2: 0, 3: 3})
 
 
 def test_the_bucket_wins_when_it_is_newer_or_a_host_did_not_report():
-  reports = {0: HostReport('A', {100: 'A'}), 1: HostReport('A', {100: 'A'})}
+  reports = {0: HostReport('A', {100: ('A', 'j/r')}), 1: HostReport('A', {100: ('A', 'j/r')})}
   assert local_restore.choose(reports, 2, bucket_step=150) is None
   assert local_restore.choose(reports, 2, bucket_step=100) == Plan(100, {0: 0, 1: 1})  # as new: the faster read
   assert local_restore.choose({0: reports[0]}, 2, bucket_step=None) is None
   # A config slip changes what every host needs: no local step fits, the bucket's restore judges the run.
-  assert local_restore.choose({0: HostReport('C', {100: 'A'}), 1: HostReport('C', {100: 'A'})}, 2, None) is None
+  slipped = HostReport('C', {100: ('A', 'j/r')})
+  assert local_restore.choose({0: slipped, 1: slipped}, 2, None) is None
 
 
 def test_reports_travel_as_text():
-  report = HostReport('A', {100: 'A', 7: 'B'})
+  report = HostReport('A', {100: ('A', 'j/r'), 7: ('B', 'j/r')})
   assert HostReport.decode(report.encode()) == report
 
 
@@ -144,3 +149,59 @@ def test_local_dir_must_be_a_local_path(value, fix):
   assert settings_lib.FIELDS['local_dir'].metadata['rule']('/dev/shm/autockpt-{host}') is None
   assert settings_lib.FIELDS['local_keep'].metadata['rule'](0) == 'use an integer N >= 1'
   assert layout.local_dir('/dev/shm/a-{host}', 3) == layout.local_dir('/dev/shm/a-3', 0)
+
+
+def test_every_byte_of_the_index_is_checked_a_changed_input_position_or_field_is_damage_not_a_crash(tmp_path):
+  _, state, _ = _state()
+  for step in (10, 20, 30):
+    _save(tmp_path, step, state, _Input(step * 1000))
+  index_of = {s: layout.local_step_dir(tmp_path, s) / layout.LOCAL_INDEX for s in (20, 30)}
+  found = json.loads(index_of[30].read_text())
+  found['inputs']['0'] = found['inputs']['0'].replace('M', 'N', 1)  # a flipped bit in the input position
+  index_of[30].write_text(json.dumps(found))
+  found = json.loads(index_of[20].read_text())
+  del found['arrays'][next(iter(found['arrays']))]['shards']  # a missing field, digest made to match
+  body = {k: v for k, v in found.items() if k != 'digest'}
+  index_of[20].write_text(json.dumps({**body, 'digest': local_tier._digest(body)}))  # pylint: disable=protected-access
+  with pytest.raises(local_tier.LocalDamage, match='does not match its digest'):
+    local_tier.read_index(layout.local_step_dir(tmp_path, 30))
+  with pytest.raises(local_tier.LocalDamage, match='KeyError'):
+    path = layout.local_step_dir(tmp_path, 20)
+    local_tier.read_shards(path, local_tier.read_index(path))
+  assert list(local_restore.LocalRestore(tmp_path, host=0, hosts=1).usable_steps(needs_input=True, job=JOB)) == [10]
+
+
+def test_steps_of_another_job_or_a_rolled_back_lineage_are_named_and_left_where_they_are(tmp_path, caplog):
+  _, state, _ = _state()
+  _save(tmp_path, 500, state, lineage=lineage_lib.Lineage('job-a', 'r1', base=300))
+  _save(tmp_path, 623, state, lineage=lineage_lib.Lineage('job-a', 'r1', base=600))
+  _save(tmp_path, 700, state, lineage=lineage_lib.Lineage('job-b', 'r9', base=None))
+  job = local_restore.JobState('job-a', committed=[0, 300], set_aside=[])
+  assert list(local_restore.LocalRestore(tmp_path, host=0, hosts=1).usable_steps(False, job)) == [500]
+  assert 'local step 700 is not offered for the restore: written by another job' in caplog.text
+  assert 'local step 623 is not offered for the restore: it grew from checkpoint 600' in caplog.text
+  assert layout.local_committed_steps(tmp_path) == [500, 623, 700]
+
+
+def test_a_step_is_restored_only_from_copies_of_one_save():
+  # The model split over 2 hosts; host 1's half of 200 is another run's (a commit a kill cut short): the
+  # halves do not make one state, so 200 is not planned, 100 is.
+  reports = {0: HostReport('A', {100: ('A', 'j/r1'), 200: ('A', 'j/r2')}),
+             1: HostReport('B', {100: ('B', 'j/r1'), 200: ('B', 'j/r1')})}
+  assert local_restore.choose(reports, 2, None) == Plan(100, {0: 0, 1: 1})
+  # Replicas: either save's copies make a whole state; the first token's serves every host.
+  reports = {0: HostReport('A', {200: ('A', 'j/r2')}), 1: HostReport('A', {200: ('A', 'j/r1')})}
+  assert local_restore.choose(reports, 2, None) == Plan(200, {0: 1, 1: 1})
+
+
+def test_local_saves_keep_this_runs_newest_and_remove_every_other_step(tmp_path):
+  _, state, _ = _state()
+  _save(tmp_path, 900, state, lineage=lineage_lib.Lineage('job-b', 'r9', base=None))  # another job's, newer
+  saves = local_saves.LocalSaves(tmp_path, min_interval_secs=0, keep=2, events=events_lib.EventLog(tmp_path / 'job', 0),
+                                 lineage=lineage_lib.Tracker('job-a', 'r2'))
+  for step in (50, 60, 70):
+    saves.maybe_save(step, state)
+    saves._thread.join()  # pylint: disable=protected-access
+    assert 900 not in layout.local_committed_steps(tmp_path)  # never in the way of this run's saves
+  assert layout.local_committed_steps(tmp_path) == [60, 70]
+  assert local_tier.lineage_of(local_tier.read_index(layout.local_step_dir(tmp_path, 70))).token == 'job-a/r2'
