@@ -86,9 +86,9 @@ def test_sigkill_one_host_resumes_from_the_newest_local_step_identical_to_an_uni
   assert run.wait(300) == 0, run.log()[-3000:]
   first = [e for e in events_lib.read(job_dir) if e['event'] == 'start'][-1]
   assert (first['restored_step'], first['restored_from']) == (newest, 'local'), first
-  assert f'local step {newest + 20} is damaged, not offered for the restore' in run.log()
-  assert re.search(rf'local tier: this host has steps \[.*{newest}\]; bucket newest 0; restoring local step '
-                   rf'{newest}\.', run.log())
+  assert f'local step {newest + 20} is not offered for the restore: damaged (' in run.log()
+  assert re.search(rf'local tier: this host offers steps \[.*{newest}\]; the job directory\'s newest checkpoint is 0; '
+                   rf'restoring local step {newest}\.', run.log())
   assert re.search(rf'run summary: trained steps {newest} to {FINAL}, ', run.log())
   assert layout.local_step_dir(local, newest + 20).exists() is False  # pruned by the new run's commits (keep 2)
 

@@ -1,0 +1,118 @@
+"""End to end, as users run it (fresh `python -m pax_autockpt.main` processes, real signals, local disk): a
+local-tier step restores only into its own job and lineage, the freshest copy is decided again when a
+checkpoint is set aside, and a restored local step the job directory lacks is never stranded.
+
+One job, five process starts, each a case of issue 38 that today's main got wrong:
+1. train with the local tier past the job directory's checkpoint 400; SIGKILL;
+2. the user rolls back (deletes checkpoint 400): the restart restores 200, not the local step grown from 400;
+   it trains on to a new 400 and past it, SIGTERM: an on-demand checkpoint S;
+3. S is damaged: the restart sets it aside and restores the newest local step (newer than 400), not 400;
+   a SIGTERM during that restore saves the local step to the job directory before exiting 143;
+4. the VM is replaced (local directory gone): the rerun resumes from that step and trains to the end;
+5. a new job on the same local directory starts fresh, not from the first job's local steps.
+"""
+
+import os
+import re
+import shutil
+import signal
+
+import pytest
+
+from pax_autockpt import events as events_lib
+from pax_autockpt import layout
+from pax_autockpt.tools import process
+from tests import damage
+from tests.conftest import checkpoint_steps
+
+pytestmark = pytest.mark.e2e
+
+EXP = 'tests.e2e_experiments.TinyShortSchedule'  # 600 steps, the job directory's checkpoints every 200
+
+
+def _events_of_run(job_dir, runs_before):
+  """Host 0's events of the run that started after `runs_before` starts (its first event onwards)."""
+  events = events_lib.read(job_dir, 0)
+  starts = [i for i, e in enumerate(events) if e['event'] == 'start']
+  return events[starts[runs_before]:] if len(starts) > runs_before else []
+
+
+def _local_commits(job_dir, runs_before):
+  return [e['step'] for e in _events_of_run(job_dir, runs_before) if e['event'] == 'local_committed']
+
+
+def _start(jobs, tmp_path, name, job_dir, *flags):
+  job = process.Job(process.ours_argv(EXP, job_dir, '--autockpt_notices=off',
+                                      f'--autockpt_local_dir={tmp_path}/local-{{host}}',
+                                      '--autockpt_local_min_interval_secs=0.2', *flags),
+                    str(tmp_path / f'{name}.log'))
+  jobs.append(job)
+  return job
+
+
+def _started(job_dir, runs_before, job):
+  """The `start` event of the run after `runs_before` starts, once written."""
+  return process.wait_until(lambda: next(iter(_events_of_run(job_dir, runs_before)), None), 'the start event', 180,
+                            0.1, job)
+
+
+def test_a_local_step_restores_only_into_its_job_and_lineage_and_is_never_stranded(jobs, tmp_path):
+  job_dir, local = str(tmp_path / 'job'), tmp_path / 'local-0'
+  ckpt = layout.checkpoint_dir(job_dir)
+
+  # 1. Local steps past checkpoint 400, then an unplanned kill.
+  run = _start(jobs, tmp_path, 'run1', job_dir)
+  process.wait_until(lambda: max(_local_commits(job_dir, 0), default=0) >= 430 and 400 in checkpoint_steps(job_dir)[0],
+                     'local steps past 430 and checkpoint 400', 300, 0.05, run)
+  run.kill()
+  grown_from_400 = layout.local_committed_steps(local)[-1]
+  assert checkpoint_steps(job_dir)[0] == [0, 200, 400] and grown_from_400 > 400
+
+  # 2. A rollback: checkpoint 400 deleted. The restart restores 200 and names the local step it passes over.
+  shutil.rmtree(layout.step_dir(ckpt, 400))
+  run = _start(jobs, tmp_path, 'run2', job_dir)
+  assert (_started(job_dir, 1, run)['restored_step'], _started(job_dir, 1, run)['restored_from']) == (200, 'bucket')
+  assert (f'local step {grown_from_400} is not offered for the restore: it grew from checkpoint 400, which is no '
+          'longer in the job directory (rolled back)') in run.log()
+  process.wait_until(lambda: max(_local_commits(job_dir, 1), default=0) >= 450 and 400 in checkpoint_steps(job_dir)[0],
+                     'the new lineage past 450', 300, 0.05, run)
+  run.send(signal.SIGTERM)
+  assert run.wait(120) == 143, run.log()[-3000:]
+  ondemand = checkpoint_steps(job_dir)[0][-1]
+  newest_local = layout.local_committed_steps(local)[-1]
+  assert 400 < newest_local < ondemand, (newest_local, ondemand)
+
+  # 3. The on-demand checkpoint damaged: set aside, and the freshest copy is the newest local step (not 400).
+  # A SIGTERM during that restore: the local step is saved to the job directory, then exit 143.
+  damage.flip_a_byte(layout.step_dir(ckpt, ondemand))
+  run = _start(jobs, tmp_path, 'run3', job_dir)
+  run.wait_for_log(r'local tier: this host offers steps')
+  run.send(signal.SIGTERM)
+  assert run.wait(180) == 143, run.log()[-3000:]
+  start = _started(job_dir, 2, run)
+  assert (start['restored_step'], start['restored_from']) == (newest_local, 'local'), run.log()[-3000:]
+  assert f'checkpoint {ondemand} is damaged' in run.log()
+  assert re.search(rf'The restored local step {newest_local} is not in the job directory \(newest there: 400\): '
+                   'saving it there before exiting', run.log())
+  preemption, = [e for e in _events_of_run(job_dir, 2) if e['event'] == 'preemption']
+  assert (preemption['step'], preemption['saved_step'], preemption['plan']) == (newest_local, newest_local, 'save')
+  assert checkpoint_steps(job_dir)[0][-1] == newest_local
+
+  # 4. The VM replaced: no local directory. The job directory holds the step; the run ends as usual.
+  shutil.rmtree(local)
+  run = _start(jobs, tmp_path, 'run4', job_dir)
+  assert run.wait(300) == 0, run.log()[-3000:]
+  start = _started(job_dir, 3, run)
+  assert (start['restored_step'], start['restored_from']) == (newest_local, 'bucket')
+  assert checkpoint_steps(job_dir)[0][-1] == 600
+
+  # 5. Another job on the same local directory: a fresh start, the first job's steps named and passed over.
+  theirs = layout.local_committed_steps(local)[-1]
+  other = str(tmp_path / 'other-job')
+  run = _start(jobs, tmp_path, 'run5', other)
+  start = _started(other, 0, run)
+  run.send(signal.SIGTERM)
+  assert run.wait(120) == 143, run.log()[-3000:]
+  assert (start['restored_step'], start['restored_from']) == (None, None)
+  assert f'local step {theirs} is not offered for the restore: written by another job' in run.log()
+  assert os.path.exists(layout.job_id_path(other))
