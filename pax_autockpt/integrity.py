@@ -2,8 +2,10 @@
 
 A zarr array chunk missing from storage is not an error for tensorstore: it reads the fill value
 (zeros) and the restore "succeeds" with silently wrong weights. So before a restore, every chunk the
-arrays' `.zarray` metadata promises must be present and non-empty. Truncated chunks and damaged
-metadata make the restore itself raise, which the checkpointer handles. OCDBT storage (one
+arrays' `.zarray` metadata promises must be present and non-empty, and an uncompressed chunk (the raw
+on-demand saves) exactly its chunk's size: a cut-short raw chunk only makes tensorstore report a failed
+read, which says nothing of why. Truncated compressed chunks and damaged metadata make the restore itself
+raise, which the checkpointer handles. OCDBT storage (one
 key-value database per checkpoint) reads through its manifest: a missing or truncated data file makes
 the restore raise, so only an absent manifest or an empty file is flagged here. The small JSON files
 orbax and Pax read first (`state/_sharding`, `state/_METADATA`, `metadata/metadata`) must parse: a
@@ -17,6 +19,7 @@ import json
 import math
 
 from etils import epath
+import numpy as np
 
 _READERS = 16  # storage requests in flight at once while checking a checkpoint's arrays
 
@@ -81,18 +84,34 @@ def _zarr_problems(array: epath.Path, limit: int) -> list[str]:
     spec = json.loads(meta.read_text())
     grid = [math.ceil(s / c) for s, c in zip(spec['shape'], spec['chunks'])]
     sep = spec.get('dimension_separator', '.')
+    raw = _raw_chunk_bytes(spec)
   except (ValueError, KeyError, TypeError, ZeroDivisionError) as e:
     return [f'{array.name}/.zarray is damaged ({type(e).__name__})']
   present, found = _names(array), []
   keys = [sep.join(map(str, i)) for i in itertools.product(*map(range, grid))] if grid else ['0']
   for key in keys:
-    if key not in present:
+    length = present[key].stat().length if key in present else None
+    if length is None:
       found.append(f'{array.name}/{key} is missing')
-    elif present[key].stat().length == 0:
+    elif length == 0:
       found.append(f'{array.name}/{key} is empty')
+    elif raw is not None and length != raw:
+      found.append(f'{array.name}/{key} is {length} bytes, an uncompressed chunk of it {raw} (cut short)')
     if len(found) >= limit:
       break
   return found
+
+
+def _raw_chunk_bytes(spec: dict) -> int | None:
+  """The size every chunk of an uncompressed, unfiltered zarr v2 array has (edge chunks are stored whole),
+  or None (compressed: no fixed size; a dtype this cannot size)."""
+  if spec.get('compressor', 'unknown') is not None or spec.get('filters') or 'dtype' not in spec:
+    return None
+  try:
+    itemsize = np.dtype(spec['dtype']).itemsize
+  except TypeError:
+    itemsize = {'bfloat16': 2}.get(spec['dtype'])
+  return None if itemsize is None else math.prod(spec['chunks']) * itemsize
 
 
 def _ocdbt_problems(state: epath.Path, entries: dict[str, epath.Path]) -> list[str]:

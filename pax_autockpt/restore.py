@@ -360,9 +360,32 @@ class Restorer:
                  'paxml): restored unverified.', step)
     return None
 
+  def _evidence(self, step: int) -> Finding | None:
+    """After a failure not recognised as damage: this host's share of the checkpoint's saved shards read
+    back and digested against its manifest, after the cheap file checks. A problem found is damage; a read
+    the storage fails is no evidence of anything (None), nor is a checkpoint without a manifest."""
+    path = layout.step_dir(self.checkpoint_dir, step)
+    try:
+      found = integrity.problems(path)
+      expected = manifest_lib.read(path) if not found else None
+      if expected is not None:
+        shards = sorted((name, key) for name, keys in expected.items() for key in keys)
+        found = manifest_lib.compare_stored(path, shards[self._host::self._hosts], expected,
+                                            ocdbt=internals.is_ocdbt_checkpoint(path))
+    except manifest_lib.ManifestError as e:
+      found = [f'manifest: {e}']
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning('[autockpt] checkpoint %d: the content check could not run (%s).', step, failures.one_line(e))
+      return None
+    logging.info('[autockpt] checkpoint %d: content check after an unrecognised error: %s.', step,
+                 '; '.join(found) if found else 'no problem found')
+    return Finding(Kind.DAMAGE, f'host {self._host}: {found[0]}', self._host) if found else None
+
   def _act(self, step: int, found: Finding, tries: int) -> int:
     """What every host does about the agreed finding; returns the next try's number (0 for the next
     newest checkpoint), or raises for the executor."""
+    if found.kind is Kind.UNKNOWN:  # an error this code does not recognise: the content check decides
+      found = agree(f'{self._key}/evidence', self._host, self._evidence(step)) or found
     if found.kind is Kind.DAMAGE:
       self._set_aside(step, found.reason)
       return 0

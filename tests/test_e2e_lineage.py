@@ -6,12 +6,14 @@ One job, five process starts, each a case of issue 38 that today's main got wron
 1. train with the local tier past the job directory's checkpoint 400; SIGKILL;
 2. the user rolls back (deletes checkpoint 400): the restart restores 200, not the local step grown from 400;
    it trains on to a new 400 and past it, SIGTERM: an on-demand checkpoint S;
-3. S is damaged: the restart sets it aside and restores the newest local step (newer than 400), not 400;
-   a SIGTERM during that restore saves the local step to the job directory before exiting 143;
+3. S's largest chunk is cut to a third (a crash before the data reached the disk; S is a raw on-demand save):
+   the restart finds the evidence, sets S aside and restores the newest local step (newer than 400), not
+   400; a SIGTERM during that restore saves the local step to the job directory before exiting 143;
 4. the VM is replaced (local directory gone): the rerun resumes from that step and trains to the end;
 5. a new job on the same local directory starts fresh, not from the first job's local steps.
 """
 
+import glob
 import os
 import re
 import shutil
@@ -22,7 +24,6 @@ import pytest
 from pax_autockpt import events as events_lib
 from pax_autockpt import layout
 from pax_autockpt.tools import process
-from tests import damage
 from tests.conftest import checkpoint_steps
 
 pytestmark = pytest.mark.e2e
@@ -56,6 +57,15 @@ def _started(job_dir, runs_before, job):
                             0.1, job)
 
 
+def _truncate_largest_chunk(step_path):
+  """Cuts the checkpoint's largest array chunk to a third; returns it as `array/chunk`."""
+  chunks = [p for p in glob.glob(os.path.join(step_path, 'state', '*', '*')) if not os.path.basename(p).startswith('.')]
+  largest = max(chunks, key=os.path.getsize)
+  with open(largest, 'r+b') as f:
+    f.truncate(os.path.getsize(largest) // 3)
+  return os.path.relpath(largest, os.path.join(step_path, 'state'))
+
+
 def test_a_local_step_restores_only_into_its_job_and_lineage_and_is_never_stranded(jobs, tmp_path):
   job_dir, local = str(tmp_path / 'job'), tmp_path / 'local-0'
   ckpt = layout.checkpoint_dir(job_dir)
@@ -84,14 +94,15 @@ def test_a_local_step_restores_only_into_its_job_and_lineage_and_is_never_strand
 
   # 3. The on-demand checkpoint damaged: set aside, and the freshest copy is the newest local step (not 400).
   # A SIGTERM during that restore: the local step is saved to the job directory, then exit 143.
-  damage.flip_a_byte(layout.step_dir(ckpt, ondemand))
+  chunk = _truncate_largest_chunk(layout.step_dir(ckpt, ondemand))
   run = _start(jobs, tmp_path, 'run3', job_dir)
   run.wait_for_log(r'local tier: this host offers steps')
   run.send(signal.SIGTERM)
   assert run.wait(180) == 143, run.log()[-3000:]
   start = _started(job_dir, 2, run)
   assert (start['restored_step'], start['restored_from']) == (newest_local, 'local'), run.log()[-3000:]
-  assert f'checkpoint {ondemand} is damaged' in run.log()
+  skipped, = [e for e in events_lib.read(job_dir, 0) if e['event'] == 'restore_skipped']  # before its start event
+  assert skipped['step'] == ondemand and f'{chunk} is ' in skipped['error'] and '(cut short)' in skipped['error']
   assert re.search(rf'The restored local step {newest_local} is not in the job directory \(newest there: 400\): '
                    'saving it there before exiting', run.log())
   preemption, = [e for e in _events_of_run(job_dir, 2) if e['event'] == 'preemption']

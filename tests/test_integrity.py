@@ -97,3 +97,26 @@ def test_arrays_checked_side_by_side_report_in_name_order_up_to_the_limit(tmp_pa
   monkeypatch.setattr(type(step), 'iterdir', refused_in_y)
   with pytest.raises(PermissionError):
     integrity.problems(step, limit=10)
+
+
+def test_an_uncompressed_chunk_cut_short_is_named_with_its_size(tmp_path):
+  """A raw (on-demand) save's chunks all have the chunk's full size, edge chunks included: a crash before the
+  data reached the disk leaves a shorter file, which tensorstore only reports as a failed read."""
+  step = epath.Path(tmp_path)
+  array = step / 'state' / 'w'
+  array.mkdir(parents=True)
+  (array / '.zarray').write_text(json.dumps(dict(shape=[3, 6], chunks=[2, 6], dtype='<f4', compressor=None,
+                                                 dimension_separator='.')))
+  (array / '0.0').write_bytes(b'\0' * 48)
+  (array / '1.0').write_bytes(b'\0' * 48)  # the edge chunk is stored whole
+  assert integrity.problems(step) == []
+  (array / '1.0').write_bytes(b'\0' * 16)
+  assert integrity.problems(step) == ['w/1.0 is 16 bytes, an uncompressed chunk of it 48 (cut short)']
+  bf16 = _zarr(step, 'b', shape=[4], chunks=[4], files=())
+  (bf16 / '.zarray').write_text(json.dumps(dict(shape=[4], chunks=[4], dtype='bfloat16', compressor=None)))
+  (bf16 / '0').write_bytes(b'\0' * 7)
+  assert integrity.problems(step)[0] == 'b/0 is 7 bytes, an uncompressed chunk of it 8 (cut short)'
+  # Compressed chunks have no fixed size: not judged here.
+  (array / '.zarray').write_text(json.dumps(dict(shape=[3, 6], chunks=[2, 6], dtype='<f4',
+                                                 compressor={'id': 'zstd'})))
+  assert integrity.problems(step) == ['b/0 is 7 bytes, an uncompressed chunk of it 8 (cut short)']
