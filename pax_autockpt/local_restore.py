@@ -184,6 +184,8 @@ class LocalRestore:
     except Exception as e:  # pylint: disable=broad-except
       error = f'host {self._host}: {failures.one_line(e)}'
     failed = agreement.first_report(f'{prefix}done', self._host, error)
+    if self._host in plan.filled.values():
+      _release(client, f'{prefix}{self._host}')  # every receiver is done with it
     if failed is not None:
       logging.warning('[autockpt] local step %d could not be copied from a peer (%s): restoring from the bucket.',
                       plan.step, failed)
@@ -223,3 +225,12 @@ class LocalRestore:
       pipeline.set_state(local_tier.input_state(found, self._host))
     return local_tier.arrays_for(shards, shapes, mesh, specs)
 
+
+def _release(client: Any, folder: str) -> None:
+  """Deletes a published copy from the coordination service (host 0's memory), every key under `folder`."""
+  try:
+    client.key_value_delete(folder)
+  except TypeError:
+    pass  # jaxlib 0.4.26 deletes, then cannot convert the returned absl::Status
+  except Exception as e:  # pylint: disable=broad-except  (memory, not correctness)
+    logging.warning('[autockpt] could not release the copy under %s: %s', folder, failures.one_line(e))

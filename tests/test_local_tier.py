@@ -2,6 +2,9 @@
 every host reaches from the hosts' reports (pure), and the listing a restart offers."""
 
 import json
+import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +12,7 @@ import numpy as np
 import pytest
 
 from pax_autockpt import events as events_lib
+from pax_autockpt import hosts
 from pax_autockpt import layout
 from pax_autockpt import lineage as lineage_lib
 from pax_autockpt import local_restore
@@ -205,3 +209,22 @@ def test_local_saves_keep_this_runs_newest_and_remove_every_other_step(tmp_path)
     assert 900 not in layout.local_committed_steps(tmp_path)  # never in the way of this run's saves
   assert layout.local_committed_steps(tmp_path) == [60, 70]
   assert local_tier.lineage_of(local_tier.read_index(layout.local_step_dir(tmp_path, 70))).token == 'job-a/r2'
+
+
+def test_a_published_copy_is_released_from_the_coordination_service(tmp_path):
+  """A real coordination service (its own process: jax.distributed is once per process): the donor's keys
+  go, every key under its folder, and nothing else."""
+  port = hosts.free_loopback_port()
+  code = textwrap.dedent(f'''
+      import jax
+      from jax._src import distributed
+      from pax_autockpt import local_restore
+      jax.distributed.initialize('127.0.0.1:{port}', num_processes=1, process_id=0)
+      client = distributed.global_state.client
+      for key in ('fill/1/7/0/chunk/0', 'fill/1/7/0/chunk/1', 'fill/1/7/0/index', 'fill/1/7/1/index'):
+        client.key_value_set(key, 'x')
+      local_restore._release(client, 'fill/1/7/0')
+      print(sorted(k for k, _ in client.key_value_dir_get('fill/')))
+  ''')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120, check=False)
+  assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "['fill/1/7/1/index']", out.stderr[-2000:]
