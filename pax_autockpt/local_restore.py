@@ -214,16 +214,14 @@ class LocalRestore:
     local_tier.read_shards(partial, found)  # as the donor wrote it
     local_tier.commit(partial, found)
 
-  def load(self, step: int, shapes: Any, mesh: Any, specs: Any, pipeline: Any = None) -> Any:
-    """The state of local step `step` on this mesh, read back against its digests; the input's position
-    set from this host's entry."""
+  def load(self, step: int, shapes: Any, mesh: Any, specs: Any) -> tuple[Any, bytes | None]:
+    """The state of local step `step` on this mesh, read back against its digests, and this host's input
+    position at that step (for the caller to set once every host's read succeeded)."""
     path = layout.local_step_dir(self.folder, step)
     found = local_tier.read_index(path)
     shards = local_tier.read_shards(path, found)
     self.restored_lineage = local_tier.lineage_of(found)
-    if pipeline is not None:
-      pipeline.set_state(local_tier.input_state(found, self._host))
-    return local_tier.arrays_for(shards, shapes, mesh, specs)
+    return local_tier.arrays_for(shards, shapes, mesh, specs), local_tier.input_state(found, self._host)
 
 
 def _release(client: Any, folder: str) -> None:

@@ -166,6 +166,7 @@ class Restorer:
     self._local, self._local_job = local, local_job
     self._local_failed = False  # a local read failed: the rest of this restore is the job directory's
     self._job: local_restore.JobState | None = None  # what the last local plan was made against
+    self._after_read: Callable[[], None] | None = None  # a local read's input position, set once all hosts read
     self._local_step: int | None = None  # the local step being restored (Pax's step_to_restore)
     self._inner = inner
     self._restart_input = restart_input
@@ -300,7 +301,7 @@ class Restorer:
   def _guarded_read(self, read: Callable[..., Any], *args, **kwargs) -> Any:
     """Pax's restore proper (its `_restore_with_args`): every host learns whether all hosts read their
     part, before Pax's next device collective; a failure anywhere raises _Agreed everywhere."""
-    mine, restored = None, None
+    mine, restored, self._after_read = None, None, None
     if self._local_step is not None and args and args[0] == self._local_step:
       read = self._local_read
     with internals.no_orbax_restore_barrier():  # the agreement below is the barrier
@@ -311,13 +312,19 @@ class Restorer:
     found = agree(f'{self._key}/read', self._host, mine)
     if found is not None:
       raise _Agreed(found)
+    if self._after_read is not None:
+      self._after_read()
     return restored
 
   def _local_read(self, step: int, shapes: Any, unpadded_shapes: Any, mesh: Any, specs: Any,
                   train_input_pipeline: Any = None) -> Any:
-    """Pax's `_restore_with_args` for a local step: the same state, from this host's local copy."""
+    """Pax's `_restore_with_args` for a local step: the same state, from this host's local copy. The input's
+    position is set only once every host read its part (a failure anywhere sends all to the job directory)."""
     del unpadded_shapes  # the local tier holds the arrays as they were in memory (padded)
-    return self._local.load(step, shapes, mesh, specs, train_input_pipeline)
+    state, position = self._local.load(step, shapes, mesh, specs)
+    if train_input_pipeline is not None:
+      self._after_read = functools.partial(train_input_pipeline.set_state, position)
+    return state
 
   def _verify(self, step: int, state: Any) -> Finding | None:
     """This host's restored shards against the manifest: in memory where a restored shard is a saved
