@@ -21,6 +21,8 @@ import math
 from etils import epath
 import numpy as np
 
+from pax_autockpt import layout
+
 _READERS = 16  # storage requests in flight at once while checking a checkpoint's arrays
 
 
@@ -32,11 +34,11 @@ def problems(step_path: epath.Path, limit: int = 3) -> list[str]:
   decide here; a listing or a read that fails raises, for the caller to classify (pax_autockpt.failures).
   """
   state = step_path / 'state'
-  if 'state' not in _names(step_path):
+  if 'state' not in layout.entries(step_path):
     return [f'{state} is missing']
-  entries = _names(state)
+  entries = layout.entries(state)
   found = (_json_problems(state, entries, ('_sharding', '_METADATA')) +
-           _json_problems(step_path / 'metadata', _names(step_path / 'metadata'), ('metadata',)) +
+           _json_problems(step_path / 'metadata', layout.entries(step_path / 'metadata'), ('metadata',)) +
            _ocdbt_problems(state, entries))[:limit]
   if len(found) >= limit:
     return found  # no need to read every array as well
@@ -51,14 +53,6 @@ def problems(step_path: epath.Path, limit: int = 3) -> list[str]:
         pool.shutdown(cancel_futures=True)
         break
   return found[:limit]
-
-
-def _names(folder: epath.Path) -> dict[str, epath.Path]:
-  """What a listing of `folder` holds, by name; raises when the listing fails ({} when it is absent)."""
-  try:
-    return {p.name: p for p in folder.iterdir()}
-  except FileNotFoundError:
-    return {}
 
 
 def _json_problems(folder: epath.Path, entries: dict[str, epath.Path], names: tuple[str, ...]) -> list[str]:
@@ -87,7 +81,7 @@ def _zarr_problems(array: epath.Path, limit: int) -> list[str]:
     raw = _raw_chunk_bytes(spec)
   except (ValueError, KeyError, TypeError, ZeroDivisionError) as e:
     return [f'{array.name}/.zarray is damaged ({type(e).__name__})']
-  present, found = _names(array), []
+  present, found = layout.entries(array), []
   keys = [sep.join(map(str, i)) for i in itertools.product(*map(range, grid))] if grid else ['0']
   for key in keys:
     length = present[key].stat().length if key in present else None
@@ -118,7 +112,7 @@ def _ocdbt_problems(state: epath.Path, entries: dict[str, epath.Path]) -> list[s
   """Whether an OCDBT checkpoint's manifests and data files are there and non-empty."""
   found = []
   databases = [(state, entries)]
-  databases += [(p, _names(p)) for n, p in sorted(entries.items()) if n.startswith('ocdbt.process_')]
+  databases += [(p, layout.entries(p)) for n, p in sorted(entries.items()) if n.startswith('ocdbt.process_')]
   for db, names in databases:
     if 'd' not in names:
       continue

@@ -83,6 +83,16 @@ def _step_dirs(ckpt_dir: epath.Path) -> list[tuple[int, epath.Path]]:
   return sorted(((s, p) for s, p in found if s is not None), key=lambda sp: -sp[0])
 
 
+def entries(folder: epath.Path) -> dict[str, epath.Path]:
+  """What a listing of `folder` holds, by name ({} when it is absent). Raises when the listing fails: on
+  gs:// `is_dir()` and `exists()` answer False when the storage refuses or fails the request, so absence is
+  decided only by a listing that succeeded."""
+  try:
+    return {p.name: p for p in folder.iterdir()}
+  except FileNotFoundError:
+    return {}
+
+
 def committed_steps(ckpt_dir: epath.PathLike) -> list[int]:
   """Committed steps, oldest first (one existence check per step on object storage)."""
   return sorted(s for s, p in _step_dirs(epath.Path(ckpt_dir)) if is_committed(p))

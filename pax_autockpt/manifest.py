@@ -16,6 +16,7 @@ import os
 from typing import Any, Iterable
 
 from etils import epath
+import jax
 import numpy as np
 import xxhash
 
@@ -56,7 +57,7 @@ def build(host_state: Any, *, use_ocdbt: bool, host: int) -> dict[str, Any]:
               if isinstance(s.data, np.ndarray)}
     if shards:
       arrays[name] = shards
-  return {'format': FORMAT, 'hash': HASH, 'host': host, 'arrays': arrays}
+  return {'format': FORMAT, 'hash': HASH, 'host': host, 'hosts': jax.process_count(), 'arrays': arrays}
 
 
 def write(step_path: epath.Path, manifest: dict[str, Any]) -> None:
@@ -70,21 +71,27 @@ def write(step_path: epath.Path, manifest: dict[str, Any]) -> None:
 
 def read(step_path: epath.Path) -> dict[str, dict[str, str]] | None:
   """Every host's digests merged (name -> shard key -> digest); None when the checkpoint has no
-  manifest (written before this feature, or by stock paxml). Raises ManifestError when one is
-  there but damaged."""
-  folder = layout.manifest_dir(step_path)
-  if not folder.is_dir():
+  manifest (written before this feature, or by stock paxml). Raises ManifestError when one is there but
+  damaged, or a host's file is missing (that host's shards could not be checked). Absence is decided by
+  listings, which raise when the storage fails: on gs:// `is_dir()` answers False for "could not ask"."""
+  if 'autockpt_manifest' not in layout.entries(step_path):
     return None
+  files = layout.entries(layout.manifest_dir(step_path))
   merged: dict[str, dict[str, str]] = {}
-  for path in sorted(folder.iterdir()):
+  hosts = set()
+  for name in sorted(files):
     try:
-      part = json.loads(path.read_text())
+      part = json.loads(files[name].read_text())
       if part.get('format') != FORMAT or part.get('hash') != HASH:
         raise ValueError(f'format {part.get("format")!r} / hash {part.get("hash")!r}')
-      for name, shards in part['arrays'].items():
-        merged.setdefault(name, {}).update({str(k): str(v) for k, v in shards.items()})
+      for array, shards in part['arrays'].items():
+        merged.setdefault(array, {}).update({str(k): str(v) for k, v in shards.items()})
+      hosts.add(int(part.get('hosts', 0)))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-      raise ManifestError(f'{path.name} is damaged ({type(e).__name__}: {str(e)[:100]})') from None
+      raise ManifestError(f'{name} is damaged ({type(e).__name__}: {str(e)[:100]})') from None
+  missing = [f'host{h}.json' for h in range(max(hosts, default=0)) if f'host{h}.json' not in files]
+  if missing:
+    raise ManifestError(f'{", ".join(missing)} is missing (the save had {max(hosts)} hosts)')
   return merged
 
 
