@@ -34,6 +34,7 @@ from pax_autockpt import preemption
 from pax_autockpt import restore as restore_lib
 from pax_autockpt import settings as settings_lib
 from pax_autockpt import signals
+from pax_autockpt import startup_exit
 from pax_autockpt import summaries as summaries_lib
 
 ROUTINE = ('continuous', 'interval')  # save reasons that compete with training: at `background_nice`
@@ -118,6 +119,11 @@ class AutockptCheckpointer:
                                           set_aside=self._forget_unrestorable,
                                           restart_input=settings.input_on_host_change == 'restart', local=local,
                                           local_job=job)
+    self._startup = None
+    if exit_after_ondemand_checkpoint:
+      self._startup = startup_exit.StartupExit(distributed.global_state.client, events.host, events,
+                                               settings.exit_code, settings.grace_secs, self._nothing_to_save_yet,
+                                               lambda: self._inner.step_to_restore)
 
   def __getattr__(self, name: str) -> Any:
     return getattr(self._inner, name)
@@ -154,6 +160,13 @@ class AutockptCheckpointer:
       else:
         self._lineage.restored(step if self._restorer.restored_from == 'bucket' else None)
     return restored
+
+  def _nothing_to_save_yet(self) -> bool:
+    """Between the restore's end (the `start` event) and the first step's: whether the run's state is the
+    job directory's newest (a signal then ends the job at once, pax_autockpt.startup_exit). Not after a
+    restore of a local step the job directory lacks: a save keeps it. A signal before the `start` event is
+    answered at the loop's first iteration, before the compile."""
+    return 'start' in self._events.kinds_written and self._restorer.unbacked_step is None
 
   @property
   def verified(self) -> dict[str, int]:
@@ -193,6 +206,8 @@ class AutockptCheckpointer:
     state = dict(partitioned_train_state=partitioned_train_state,
                  train_state_unpadded_shape_dtype_struct=train_state_unpadded_shape_dtype_struct,
                  train_state_pspecs=train_state_pspecs, train_input_pipeline=train_input_pipeline)
+    if self._startup is not None and not self._first_iteration:
+      self._startup.first_step_done()  # once; from now on a signal takes the agreed-step path
     if self._first_iteration:
       self._first_iteration = False
       if self._exit_after_ondemand and self._preemption.signalled_before_training(step_i):

@@ -204,9 +204,10 @@ def _watch(read_fd: int) -> None:
     for signum in data:
       if signum == signal.SIGINT:
         _on_interrupt()
-      elif signum == signal.SIGTERM and _state['xla'] is not None:  # ours in front of XLA's (else _record has it)
+      elif signum == signal.SIGTERM:  # recorded here even while the main thread is in C (Python's handler waits)
         _record(signal.SIGTERM, None)  # the arrival, within milliseconds: the grace period counts from it
-        _notify_xla()
+        if _state['xla'] is not None:  # ours in front of XLA's
+          _notify_xla()
 
 
 def _on_interrupt() -> None:

@@ -2,14 +2,15 @@
 local-tier step restores only into its own job and lineage, the freshest copy is decided again when a
 checkpoint is set aside, and a restored local step the job directory lacks is never stranded.
 
-One job, five process starts, each a case of issue 38 that today's main got wrong:
+One job, six process starts, each a case of issue 38 that today's main got wrong:
 1. train with the local tier past the job directory's checkpoint 400; SIGKILL;
 2. the user rolls back (deletes checkpoint 400): the restart restores 200, not the local step grown from 400;
    it trains on to a new 400 and past it, SIGTERM: an on-demand checkpoint S;
 3. S's largest chunk is cut to a third (a crash before the data reached the disk; S is a raw on-demand save):
    the restart finds the evidence, sets S aside and restores the newest local step (newer than 400), not
    400; a SIGTERM during that restore saves the local step to the job directory before exiting 143;
-4. the VM is replaced (local directory gone): the rerun resumes from that step and trains to the end;
+4. the VM is replaced (local directory gone): the rerun resumes from that step; a SIGTERM during its first
+   compile (no compilation cache) exits 143 at once, nothing trained; the next run trains to the end;
 5. a new job on the same local directory starts fresh, not from the first job's local steps.
 """
 
@@ -18,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import time
 
 import pytest
 
@@ -42,11 +44,11 @@ def _local_commits(job_dir, runs_before):
   return [e['step'] for e in _events_of_run(job_dir, runs_before) if e['event'] == 'local_committed']
 
 
-def _start(jobs, tmp_path, name, job_dir, *flags):
+def _start(jobs, tmp_path, name, job_dir, *flags, env=None):
   job = process.Job(process.ours_argv(EXP, job_dir, '--autockpt_notices=off',
                                       f'--autockpt_local_dir={tmp_path}/local-{{host}}',
                                       '--autockpt_local_min_interval_secs=0.2', *flags),
-                    str(tmp_path / f'{name}.log'))
+                    str(tmp_path / f'{name}.log'), env=env)
   jobs.append(job)
   return job
 
@@ -109,12 +111,28 @@ def test_a_local_step_restores_only_into_its_job_and_lineage_and_is_never_strand
   assert (preemption['step'], preemption['saved_step'], preemption['plan']) == (newest_local, newest_local, 'save')
   assert checkpoint_steps(job_dir)[0][-1] == newest_local
 
-  # 4. The VM replaced: no local directory. The job directory holds the step; the run ends as usual.
+  # 4. The VM replaced: no local directory. The job directory holds the step. A SIGTERM during the first
+  # step's compile (no compilation cache, as a user's first run): nothing trained since that checkpoint,
+  # so every host exits 143 at once, without waiting for the compile. Then the run ends as usual.
   shutil.rmtree(local)
+  uncached = {k: v for k, v in os.environ.items() if not k.startswith(('JAX_COMPILATION_CACHE', 'JAX_PERSISTENT'))}
+  run = _start(jobs, tmp_path, 'run4a', job_dir, env=uncached)
+  run.wait_for_log(r'\[PAX STATUS\]: Starting training loop')
+  time.sleep(1.0)  # into the train step's compile (~7 s here without the cache)
+  sent = run.send(signal.SIGTERM)
+  assert run.wait(120) == 143, run.log()[-3000:]
+  events = [e for e in _events_of_run(job_dir, 3) if e['event'] != 'local_committed']  # a local copy of the step
+  assert [e['event'] for e in events] == ['start', 'preemption', 'exit'], events
+  assert (events[0]['restored_step'], events[0]['restored_from']) == (newest_local, 'bucket')  # the VM's disk went
+  assert events[1]['during'] == 'start-up' and events[1]['saved_step'] == newest_local
+  assert 'Finished XLA compilation of pjit(_wrapped_step_fn)' not in run.log()
+  assert checkpoint_steps(job_dir)[0][-1] == newest_local
+  print(f'SIGTERM during the first compile -> exit {events[2]["t"] - sent:.2f} s after it was sent')
   run = _start(jobs, tmp_path, 'run4', job_dir)
   assert run.wait(300) == 0, run.log()[-3000:]
-  start = _started(job_dir, 3, run)
-  assert (start['restored_step'], start['restored_from']) == (newest_local, 'bucket')
+  start = _started(job_dir, 4, run)
+  # Run 4a copied the step it restored to the new local disk at its first iteration: as new, and faster.
+  assert (start['restored_step'], start['restored_from']) == (newest_local, 'local')
   assert checkpoint_steps(job_dir)[0][-1] == 600
 
   # 5. Another job on the same local directory: a fresh start, the first job's steps named and passed over.

@@ -1,0 +1,106 @@
+"""A signal before the first training step completes ends the job at once when there is nothing to save.
+
+From its restore to the end of the first step a job has trained nothing: its newest state is the job
+directory's newest checkpoint (or nothing at all). A SIGTERM then — during the restore, or the first step's
+compile, which takes minutes on a large model — should end it within a second, not after the compile and a
+step that gains nothing. The main thread is in C++ then (XLA, tensorstore) and cannot act; the thread that
+records the signal (pax_autockpt.signals) can. Every host must reach the same decision, so the signalled host
+claims one coordination-service key, first writer wins: `exit` (every host's waiting thread wakes and ends
+its process with the exit code) or, written by the main thread once the first step completed, `trained` (the
+ordinary exit path at an agreed step takes over). Where the run has something only a save would keep (a
+restored local step the job directory lacks), or the restore has not ended, `nothing_to_save` says no and
+the loop's first iteration decides instead (pax_autockpt.checkpointer).
+"""
+
+import os
+import signal
+import sys
+import threading
+from typing import Callable
+
+from absl import logging
+
+from pax_autockpt import events as events_lib
+from pax_autockpt import signals
+
+KEY = 'autockpt/startup-exit'
+_WAIT_MS = 24 * 60 * 60 * 1000  # a waiting thread's bound: the first step completes long before
+
+
+class StartupExit:
+  """One host's side (see the module docstring). `nothing_to_save()`: whether the newest state is the job
+  directory's (no save needed); `newest()`: its newest committed step, known without a storage call."""
+
+  def __init__(self, client, host: int, events: events_lib.EventLog, exit_code: int, grace_secs: float,
+               nothing_to_save: Callable[[], bool], newest: Callable[[], int | None]):
+    self._client, self._host, self._events = client, host, events
+    self._exit_code, self._grace_secs = exit_code, grace_secs
+    self._nothing_to_save, self._newest = nothing_to_save, newest
+    self._lock = threading.Lock()
+    self._done = False  # the first step completed (or the decision was taken): nothing more to do here
+    if client is not None:
+      threading.Thread(target=self._wait, name='autockpt-startup-exit', daemon=True).start()
+    signals.on_first_signal(self._signalled)
+
+  def first_step_done(self) -> None:
+    """Main thread, at the loop's second iteration: from now on a signal takes the ordinary path. Where a
+    host claimed the key for `exit` first, this host ends with the others."""
+    with self._lock:
+      if self._done:
+        return
+      self._done = True
+    if self._client is None:
+      return
+    if not self._claim('trained') and self._read().startswith('exit'):
+      self._exit(self._read())
+
+  def _signalled(self, signum: int, arrival: float) -> None:
+    """In the thread that recorded the signal: claim `exit` where nothing needs saving."""
+    del arrival
+    with self._lock:
+      if self._done or not self._nothing_to_save():
+        return
+      self._done = self._client is None
+    value = f'exit|{signals.name(signum)}|{self._host}'
+    if self._client is None:
+      self._exit(value)
+    else:
+      self._claim(value)  # every host's waiting thread, this one's too, acts on what was written first
+
+  def _wait(self) -> None:
+    """Every host: until the key is written, then act on it (`trained`: nothing to do)."""
+    try:
+      value = self._client.blocking_key_value_get(KEY, _WAIT_MS)
+    except Exception:  # pylint: disable=broad-except  (the job ends otherwise: nothing to decide)
+      return
+    if value.startswith('exit'):
+      self._exit(value)
+
+  def _claim(self, value: str) -> bool:
+    try:
+      self._client.key_value_set(KEY, value)
+      return True
+    except Exception:  # pylint: disable=broad-except  (ALREADY_EXISTS: another host wrote first)
+      return False
+
+  def _read(self) -> str:
+    return self._client.blocking_key_value_get(KEY, 10_000)
+
+  def _exit(self, value: str) -> None:
+    """The events and the one line, then the process ends (the main thread is in C++ and cannot unwind)."""
+    _, name, host = value.split('|')
+    code = signals.INTERRUPT_EXIT_CODE if name == signal.SIGINT.name else self._exit_code
+    newest = self._newest()
+    got = signals.received()
+    self._events.write('preemption', step=newest or 0, signal=name, saved_step=newest, plan='nothing_to_save',
+                       during='start-up', seen_by=int(host), signal_at=round(got[1], 6) if got else None,
+                       **({'grace_s': self._grace_secs} if name == signal.SIGTERM.name else {}))
+    self._events.write('exit', code=code, step=newest or 0)
+    self._events.flush()
+    what = f'since checkpoint {newest}' if newest is not None else 'yet, and no checkpoint'
+    message = (f'[autockpt] Nothing trained {what} when the signal came (host {host}, before the first step '
+               f'completed): nothing to save ({name}); exiting {code}.')
+    logging.info(message)
+    print(message, file=sys.stderr, flush=True)
+    logging.flush()
+    os._exit(code)  # pylint: disable=protected-access

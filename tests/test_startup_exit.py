@@ -1,0 +1,96 @@
+"""The start-up exit's one decision for every host (pax_autockpt.startup_exit), with a coordination service
+stand-in that behaves as jax's does for these calls (a key is written once; a blocking get waits for it)."""
+
+import threading
+
+import pytest
+
+from pax_autockpt import events as events_lib
+from pax_autockpt import signals
+from pax_autockpt import startup_exit
+
+
+class _Service:
+  def __init__(self):
+    self.values, self.cond = {}, threading.Condition()
+
+  def key_value_set(self, key, value):
+    with self.cond:
+      if key in self.values:
+        raise RuntimeError(f'ALREADY_EXISTS: {key}')
+      self.values[key] = value
+      self.cond.notify_all()
+
+  def blocking_key_value_get(self, key, timeout_ms):
+    with self.cond:
+      if not self.cond.wait_for(lambda: key in self.values, timeout_ms / 1000):
+        raise RuntimeError('DEADLINE_EXCEEDED')
+      return self.values[key]
+
+
+class _Exited(Exception):
+  pass
+
+
+@pytest.fixture
+def exits(monkeypatch, clean_signals):
+  del clean_signals
+  codes, cond = [], threading.Condition()
+
+  def fake_exit(code):
+    with cond:
+      codes.append((threading.current_thread().name, code))
+      cond.notify_all()
+    raise _Exited()  # ends the calling thread instead of the process
+
+  monkeypatch.setattr(startup_exit.os, '_exit', fake_exit)
+  return codes, cond
+
+
+def _hosts(tmp_path, service, nothing_to_save=lambda: True):
+  return [startup_exit.StartupExit(service, h, events_lib.EventLog(tmp_path, h), 143, 300.0, nothing_to_save,
+                                   lambda: 400) for h in (0, 1)]
+
+
+def test_a_signal_on_one_host_ends_every_host_with_one_line_and_its_events(tmp_path, exits):
+  codes, cond = exits
+  hosts = _hosts(tmp_path, _Service())
+  signals._record(15, None)  # pylint: disable=protected-access  (host 1's signal, recorded as the watcher does)
+  with cond:
+    assert cond.wait_for(lambda: len(codes) == 2, 10)
+  assert [c for _, c in codes] == [143, 143]
+  for host in (0, 1):
+    preemption, exit_ = [e for e in events_lib.read(tmp_path, host)]
+    assert preemption['plan'] == 'nothing_to_save' and preemption['during'] == 'start-up'
+    assert preemption['saved_step'] == 400 and exit_['code'] == 143
+  del hosts
+
+
+def test_once_the_first_step_completed_a_signal_takes_the_ordinary_path(tmp_path, exits):
+  codes, _ = exits
+  service = _Service()
+  hosts = _hosts(tmp_path, service)
+  hosts[0].first_step_done()
+  hosts[1].first_step_done()
+  signals._record(15, None)  # pylint: disable=protected-access
+  assert service.values[startup_exit.KEY] == 'trained' and codes == []
+
+
+def test_nothing_claimed_where_a_save_is_needed(tmp_path, exits):
+  codes, _ = exits
+  service = _Service()
+  _hosts(tmp_path, service, nothing_to_save=lambda: False)
+  signals._record(15, None)  # pylint: disable=protected-access
+  assert startup_exit.KEY not in service.values and codes == []
+
+
+def test_a_host_that_finishes_its_first_step_after_another_claimed_the_exit_ends_too(tmp_path, exits):
+  codes, cond = exits
+  service = _Service()
+  service.key_value_set(startup_exit.KEY, 'exit|SIGINT|1')  # host 1 got a Ctrl-C during the compile
+  host = startup_exit.StartupExit(None, 0, events_lib.EventLog(tmp_path, 0), 143, 300.0, lambda: True, lambda: 400)
+  host._client = service  # pylint: disable=protected-access  (no waiting thread: the main thread finds it)
+  with pytest.raises(_Exited):
+    host.first_step_done()
+  assert codes[-1][1] == signals.INTERRUPT_EXIT_CODE
+  del cond
