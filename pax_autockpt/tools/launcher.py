@@ -115,6 +115,9 @@ def _sigterm_when_launcher_dies(launcher_pid: int):
   return hook
 
 
+_CONSOLE = threading.Lock()
+
+
 class _Host:
   """One child process; its output goes to its log file, plugin lines also to the console."""
 
@@ -135,7 +138,9 @@ class _Host:
         log.flush()
         line = raw.decode(errors='replace').rstrip()
         if _TAIL.search(line):
-          print(f'[host {self.idx}] {line[-300:]}', flush=True)
+          with _CONSOLE:  # print() writes the line and its newline apart: two hosts' lines could merge
+            sys.stdout.write(f'[host {self.idx}] {line[-300:]}\n')
+            sys.stdout.flush()
 
   def signal(self, signum: int) -> None:
     if self.proc.poll() is None:
