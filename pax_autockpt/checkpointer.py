@@ -123,7 +123,7 @@ class AutockptCheckpointer:
     if exit_after_ondemand_checkpoint:
       self._startup = startup_exit.StartupExit(distributed.global_state.client, events.host, events,
                                                settings.exit_code, settings.grace_secs, self._nothing_to_save_yet,
-                                               lambda: self._inner.step_to_restore)
+                                               self._newest_known)
 
   def __getattr__(self, name: str) -> Any:
     return getattr(self._inner, name)
@@ -160,6 +160,10 @@ class AutockptCheckpointer:
       else:
         self._lineage.restored(step if self._restorer.restored_from == 'bucket' else None)
     return restored
+
+  def _newest_known(self) -> int | None:
+    """The newest checkpoint in the job directory as this run knows it, without asking the storage."""
+    return max((s for s in (*self.committed_this_run, self._inner.step_to_restore) if s is not None), default=None)
 
   def _nothing_to_save_yet(self) -> bool:
     """Between the restore's end (the `start` event) and the first step's: whether the run's state is the

@@ -98,8 +98,8 @@ class StartupExit:
     self._events.write('exit', code=code, step=newest or 0)
     self._events.flush()
     what = f'since checkpoint {newest}' if newest is not None else 'yet, and no checkpoint'
-    message = (f'[autockpt] Nothing trained {what} when the signal came (host {host}, before the first step '
-               f'completed): nothing to save ({name}); exiting {code}.')
+    message = (f'[autockpt] Nothing trained {what} when the signal came: nothing to save ({name}); exiting '
+               f'{code}. (Host {host} had it before the first step completed.)')
     logging.info(message)
     print(message, file=sys.stderr, flush=True)
     logging.flush()

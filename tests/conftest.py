@@ -8,6 +8,13 @@ import tempfile
 
 import pytest
 
+# TensorFlow's gs:// client reads its cache settings once, when TensorFlow loads (its file system is
+# built at registration), so they are set before anything here imports it: the checks must see other
+# processes' writes at once. With the default 5 s stat cache a part of the event log read 2 s before a
+# signal was read again at its old size after the exit, without the events the exit appended.
+os.environ['GCS_STAT_CACHE_MAX_AGE'] = '0'
+os.environ['GCS_READ_CACHE_MAX_SIZE_MB'] = '0'
+
 from pax_autockpt import events as events_lib
 from pax_autockpt import grace
 from pax_autockpt import layout
@@ -123,24 +130,6 @@ def jobs():
     job.kill()
 
 
-def _uncached_gs_here(url: str) -> None:
-  """This process's gs:// reads without TensorFlow's stat and read caches, the processes it starts with
-  TensorFlow's defaults, as a user's job runs.
-
-  TensorFlow's gs:// client reads its cache settings from the environment once, when it builds its file
-  system: the tests' own checks must see other processes' writes at once (with the default 5 s stat cache a
-  part of the event log read 2 s before a signal was read again at its old size after the exit). So the
-  settings are in the environment only while this process's client is built, and gone before any product
-  process (started fresh or forked from a server started later) inherits it."""
-  from etils import epath  # pylint: disable=g-import-not-at-top
-  os.environ.update(GCS_STAT_CACHE_MAX_AGE='0', GCS_READ_CACHE_MAX_SIZE_MB='0')
-  try:
-    epath.Path(url).exists()  # builds the client (TensorFlow loads and registers gs:// on first use)
-  finally:
-    os.environ.pop('GCS_STAT_CACHE_MAX_AGE')
-    os.environ.pop('GCS_READ_CACHE_MAX_SIZE_MB')
-
-
 @pytest.fixture(scope='session')
 def local_gcs(tmp_path_factory):
   """One local GCS server per test session (per xdist worker), stopped by pid at the end.
@@ -153,7 +142,6 @@ def local_gcs(tmp_path_factory):
   saved = dict(os.environ)
   os.environ.update(gcs.env())
   os.environ['TF_CPP_MIN_LOG_LEVEL'] = '1'  # not one INFO line per anonymous request
-  _uncached_gs_here(gcs.url(''))
   try:
     yield gcs
   finally:
