@@ -33,6 +33,7 @@ from pax_autockpt import signals
 
 _KEY = 'autockpt/local/'
 PEER_WAIT_SECS = 60.0  # a peer that has not written its part by then is gone: this step is not committed
+SUMMARY_SECS = 60.0  # at most one `local_committed` event and log line per this long (after the run's first)
 
 
 class LocalSaves:
@@ -54,6 +55,7 @@ class LocalSaves:
     self._published: list[int] = []  # steps whose coordination keys this host set
     self._newest = -1  # the newest step saved (or restored from here): leftovers of other runs do not count
     self._mine: list[int] = []  # the steps this run committed, oldest first
+    self._summary = CommitSummary(events)
 
   def restored(self, step: int) -> None:
     """The run restored local step `step`: it is not saved again."""
@@ -78,9 +80,11 @@ class LocalSaves:
     self._thread.start()
 
   def wait(self, timeout: float | None = PEER_WAIT_SECS) -> None:
-    """At the end of training: the local save in flight ends before the process does (bounded)."""
+    """At the end of training: the local save in flight ends before the process does (bounded), and the
+    commits since the last summary are recorded."""
     if self._thread is not None:
       self._thread.join(timeout)
+    self._summary.write()
 
   @property
   def in_flight(self) -> bool:
@@ -108,11 +112,8 @@ class LocalSaves:
       if partial is not None and partial.exists():
         partial.rmtree()
       return
-    duration = time.monotonic() - began[1]
     self._mine.append(step)
-    self._events.write('local_committed', step=step, duration_s=round(duration, 6), bytes=snapshot.nbytes)
-    logging.log_every_n_seconds(logging.INFO, '[autockpt] local save of step %d committed in %.3f s (%.1f MB).',
-                                60, step, duration, snapshot.nbytes / 1e6)
+    self._summary.add(step, time.monotonic() - began[1], snapshot.nbytes)
     self._prune()
 
   def _exchange(self, step: int, mine: bytes | None) -> dict[int, bytes | None]:
@@ -155,3 +156,47 @@ class LocalSaves:
           partial.rmtree()
     except OSError as e:
       logging.warning('[autockpt] could not prune the local tier %s: %s', self.folder, failures.one_line(e))
+
+
+class CommitSummary:
+  """The local tier's commits in the event log and the log, at a steady cadence: one `local_committed` event
+  (and one line) for the run's first commit, then one per `SUMMARY_SECS` for every commit since the previous
+  one (`commits`, their mean `interval_s`, the newest's `step`, `duration_s` and `bytes`). A commit a second
+  would otherwise be 86,400 events a day, all read at every start; a kill loses at most one period's count."""
+
+  def __init__(self, events: events_lib.EventLog):
+    self._events = events
+    self._lock = threading.Lock()
+    self._batch: list[tuple[int, float, int, float]] = []  # (step, duration, bytes, monotonic time of the commit)
+    self._last: float | None = None  # when the previous summary was written (monotonic)
+    self._before: float | None = None  # the commit before this batch (its interval counts from there)
+
+  def add(self, step: int, duration: float, nbytes: int) -> None:
+    now = time.monotonic()
+    with self._lock:
+      self._batch.append((step, duration, nbytes, now))
+      due = self._last is None or now - self._last >= SUMMARY_SECS
+    if due:
+      self.write()
+
+  def write(self) -> None:
+    """The commits since the previous summary, if any."""
+    with self._lock:
+      batch, self._batch = self._batch, []
+      if not batch:
+        return
+      first, self._last = self._last is None, batch[-1][3]
+      since = self._before if self._before is not None else batch[0][3]
+      self._before = batch[-1][3]
+    step, duration, nbytes, _ = batch[-1]
+    span = batch[-1][3] - since
+    gaps = len(batch) if since != batch[0][3] else len(batch) - 1
+    interval = span / gaps if gaps else None
+    self._events.write('local_committed', step=step, duration_s=round(duration, 6), bytes=nbytes, commits=len(batch),
+                       **({'interval_s': round(interval, 6)} if interval else {}))
+    if first:
+      logging.info('[autockpt] local save of step %d committed in %.3f s (%.1f MB); from now on one line a minute '
+                   'sums up the local commits.', step, duration, nbytes / 1e6)
+    else:
+      logging.info('[autockpt] local tier: %d commit(s) in %.0f s (one every %.2f s), newest step %d, the last in '
+                   '%.3f s (%.1f MB).', len(batch), span, interval or 0.0, step, duration, nbytes / 1e6)

@@ -182,6 +182,8 @@ def main(argv):
   if wiring.source == 'local':
     # The one-host coordinator listens on loopback only (jax's default binds every address).
     os.environ.setdefault('JAX_COORDINATOR_BIND_ADDRESS', wiring.server_addr)
+  if wiring.num_hosts > 1 and not (FLAGS.jax_fully_async_checkpoint or FLAGS.multiprocess_gpu):
+    _fail(precheck.no_distributed(wiring.num_hosts))  # (a --flagfile hides it from precheck)
   if wiring.num_hosts > 1:
     # CPU hosts need Gloo for cross-process collectives; other platforms ignore it.
     jax.config.update('jax_cpu_enable_gloo_collectives', True)

@@ -30,11 +30,18 @@ MAIN_FLAGS = {
 
 _SETTING_FLAGS = {settings_lib.flag_name(f): f for f in settings_lib.FIELDS if settings_lib.flag_name(f)}
 _TYPES = {'host_idx': int, 'num_hosts': int, 'server_addr': str, 'job_log_dir': str, 'exp': str,
-          'autockpt_print_wiring': bool,
+          'autockpt_print_wiring': bool, 'jax_fully_async_checkpoint': bool, 'multiprocess_gpu': bool,
           **{flag: settings_lib.flag_type(field) for flag, field in _SETTING_FLAGS.items()}}
 _TRUE = ('', 'true', '1', 't', 'yes')
 _HELP = ('--help', '-help', '--helpshort', '-helpshort', '-h', '-?')
 _ABSL_HELP = ('--helpfull', '-helpfull', '--helpxml', '-helpxml')  # absl's, after paxml defined its flags
+
+
+def no_distributed(num_hosts: int) -> str:
+  """The error line for several hosts with paxml told not to start jax.distributed."""
+  return (f'--jax_fully_async_checkpoint=false on {num_hosts} hosts: paxml then starts no jax.distributed, which '
+          'hosts need to train together (the CPU backend fails to start): leave the flag out (pax-autockpt turns '
+          'it on)')
 
 
 class PrintWiring(Exception):
@@ -180,6 +187,9 @@ def run(argv: list[str]) -> None:
     raise settings_lib.ConfigError(str(e)) from None
   if flag.get('autockpt_print_wiring') and wiring.source != 'local':
     raise PrintWiring(wiring.line())
+  if (wiring.num_hosts or 1) > 1 and flag.get('jax_fully_async_checkpoint') is False and \
+      not flag.get('multiprocess_gpu'):
+    raise settings_lib.ConfigError(no_distributed(wiring.num_hosts))
   if not flag.get('autockpt_print_wiring'):
     _check_required(values, argv)
   fields = {field: flag[name] for name, field in _SETTING_FLAGS.items() if name in flag}

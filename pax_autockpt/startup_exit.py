@@ -37,6 +37,7 @@ class StartupExit:
     self._exit_code, self._grace_secs = exit_code, grace_secs
     self._nothing_to_save, self._newest = nothing_to_save, newest
     self._lock = threading.Lock()
+    self._exiting = threading.Lock()  # held by the one thread that ends the process
     self._done = False  # the first step completed (or the decision was taken): nothing more to do here
     if client is not None:
       threading.Thread(target=self._wait, name='autockpt-startup-exit', daemon=True).start()
@@ -87,13 +88,22 @@ class StartupExit:
     return self._client.blocking_key_value_get(KEY, 10_000)
 
   def _exit(self, value: str) -> None:
-    """The events and the one line, then the process ends (the main thread is in C++ and cannot unwind)."""
+    """The events and the one line, then the process ends (the main thread is in C++ and cannot unwind).
+    Once per process: a second caller (another thread that read the same key) waits for the first's end."""
+    if not self._exiting.acquire(blocking=False):
+      threading.Event().wait()
     _, name, host = value.split('|')
     code = signals.INTERRUPT_EXIT_CODE if name == signal.SIGINT.name else self._exit_code
+    try:
+      self._record(name, int(host), code)
+    finally:  # whatever the output does (a launcher that died leaves a broken pipe), the process ends
+      os._exit(code)  # pylint: disable=protected-access
+
+  def _record(self, name: str, host: int, code: int) -> None:
     newest = self._newest()
     got = signals.received()
     self._events.write('preemption', step=newest or 0, signal=name, saved_step=newest, plan='nothing_to_save',
-                       during='start-up', seen_by=int(host), signal_at=round(got[1], 6) if got else None,
+                       during='start-up', seen_by=host, signal_at=round(got[1], 6) if got else None,
                        **({'grace_s': self._grace_secs} if name == signal.SIGTERM.name else {}))
     self._events.write('exit', code=code, step=newest or 0)
     self._events.flush()
@@ -101,6 +111,5 @@ class StartupExit:
     message = (f'[autockpt] Nothing trained {what} when the signal came: nothing to save ({name}); exiting '
                f'{code}. (Host {host} had it before the first step completed.)')
     logging.info(message)
-    print(message, file=sys.stderr, flush=True)
     logging.flush()
-    os._exit(code)  # pylint: disable=protected-access
+    print(message, file=sys.stderr, flush=True)

@@ -40,8 +40,11 @@ def _events_of_run(job_dir, runs_before):
   return events[starts[runs_before]:] if len(starts) > runs_before else []
 
 
-def _local_commits(job_dir, runs_before):
-  return [e['step'] for e in _events_of_run(job_dir, runs_before) if e['event'] == 'local_committed']
+def _newest_local(folder, without=None):
+  """The newest committed local step in `folder` (the event log sums commits up once a minute), once
+  `without` is gone from it (a leftover the run's first commit removes); else 0."""
+  steps = layout.local_committed_steps(folder)
+  return steps[-1] if steps and without not in steps else 0
 
 
 def _start(jobs, tmp_path, name, job_dir, *flags, env=None):
@@ -74,7 +77,7 @@ def test_a_local_step_restores_only_into_its_job_and_lineage_and_is_never_strand
 
   # 1. Local steps past checkpoint 400, then an unplanned kill.
   run = _start(jobs, tmp_path, 'run1', job_dir)
-  process.wait_until(lambda: max(_local_commits(job_dir, 0), default=0) >= 430 and 400 in checkpoint_steps(job_dir)[0],
+  process.wait_until(lambda: _newest_local(local) >= 430 and 400 in checkpoint_steps(job_dir)[0],
                      'local steps past 430 and checkpoint 400', 300, 0.05, run)
   run.kill()
   grown_from_400 = layout.local_committed_steps(local)[-1]
@@ -86,7 +89,7 @@ def test_a_local_step_restores_only_into_its_job_and_lineage_and_is_never_strand
   assert (_started(job_dir, 1, run)['restored_step'], _started(job_dir, 1, run)['restored_from']) == (200, 'bucket')
   assert (f'local step {grown_from_400} is not offered for the restore: it grew from checkpoint 400, which is no '
           'longer in the job directory (rolled back)') in run.log()
-  process.wait_until(lambda: max(_local_commits(job_dir, 1), default=0) >= 450 and 400 in checkpoint_steps(job_dir)[0],
+  process.wait_until(lambda: _newest_local(local, grown_from_400) >= 450 and 400 in checkpoint_steps(job_dir)[0],
                      'the new lineage past 450', 300, 0.05, run)
   run.send(signal.SIGTERM)
   assert run.wait(120) == 143, run.log()[-3000:]

@@ -38,9 +38,10 @@ def _local_flags(tmp_path):
   return (f'--autockpt_local_dir={tmp_path}/local-{{host}}', '--autockpt_local_min_interval_secs=0.5')
 
 
-def _local_steps(job_dir, host, at_least):
-  """The local commits of the newest run of `host`, once one reached `at_least` (else None)."""
-  steps = [e['step'] for e in events_lib.read(job_dir, host) if e['event'] == 'local_committed']
+def _local_steps(folder, at_least):
+  """The committed local steps in `folder`, once one reached `at_least` (else None). The event log sums
+  local commits up once a minute: the directory is what shows them at once."""
+  steps = layout.local_committed_steps(folder)
   return steps if steps and steps[-1] >= at_least else None
 
 
@@ -73,7 +74,7 @@ def test_sigkill_one_host_resumes_from_the_newest_local_step_identical_to_an_uni
     return started
 
   run = start('run1', job_dir, *_local_flags(tmp_path))
-  process.wait_until(lambda: _local_steps(job_dir, 0, 300), 'local saves past step 300', 300, 0.05, run)
+  process.wait_until(lambda: _local_steps(local, 300), 'local saves past step 300', 300, 0.05, run)
   run.kill()  # no signal, no save
   newest = layout.local_committed_steps(local)[-1]
   assert checkpoint_steps(job_dir)[0] == [0] and newest >= 300  # the bucket holds only step 0
@@ -131,7 +132,7 @@ def test_two_hosts_a_replaced_host_is_filled_by_its_replica_and_without_local_co
   local = [tmp_path / f'local-{h}' for h in (0, 1)]
   reference = _launch(jobs, tmp_path, 'uninterrupted', reference_dir)
   run = _launch(jobs, tmp_path, 'run1', job_dir, *_local_flags(tmp_path))
-  process.wait_until(lambda: _local_steps(job_dir, 1, 300), 'local saves past step 300', 600, 0.2, run)
+  process.wait_until(lambda: _local_steps(local[1], 300), 'local saves past step 300', 600, 0.2, run)
   _kill_hosts(job_dir, (1, 0))
   run.wait(120)
   newest = layout.local_committed_steps(local[0])[-1]
@@ -172,7 +173,7 @@ def test_four_hosts_in_two_slices_a_replaced_host_is_filled_by_the_same_host_of_
           f'--exp={TWO_HOSTS}', f'--job_log_dir={job_dir}', '--autockpt_notices=off', *_local_flags(tmp_path)]
   run = process.Job(argv, str(tmp_path / 'run1.log'))
   jobs.append(run)
-  process.wait_until(lambda: _local_steps(job_dir, 3, 200), 'local saves past step 200', 600, 0.2, run)
+  process.wait_until(lambda: _local_steps(tmp_path / 'local-3', 200), 'local saves past step 200', 600, 0.2, run)
   _kill_hosts(job_dir, (1, 0, 2, 3))
   run.wait(120)
   assert checkpoint_steps(job_dir)[0] == [0]

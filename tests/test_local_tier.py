@@ -98,8 +98,10 @@ def test_a_half_written_step_is_never_listed_and_the_next_commit_removes_older_l
   for step in (50, 60, 70):
     saves.maybe_save(step, state, _Input(step))
     saves._thread.join()  # pylint: disable=protected-access
+  saves.wait()  # the end of training: the commits since the run's first are summed up
   assert layout.local_committed_steps(tmp_path) == [60, 70] and layout.local_partials(tmp_path) == []
-  assert [e['step'] for e in events_lib.read(tmp_path / 'job') if e['event'] == 'local_committed'] == [50, 60, 70]
+  events = [e for e in events_lib.read(tmp_path / 'job') if e['event'] == 'local_committed']
+  assert [(e['step'], e['commits']) for e in events] == [(50, 1), (70, 2)]
   index = local_tier.read_index(layout.local_step_dir(tmp_path, 70))
   assert local_tier.input_state(index, 0) == b'70' and index['hosts'] == 1
 
@@ -227,3 +229,18 @@ def test_a_published_copy_is_released_from_the_coordination_service(tmp_path):
   ''')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120, check=False)
   assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "['fill/1/7/1/index']", out.stderr[-2000:]
+
+
+def test_a_week_of_commits_a_second_is_a_bounded_event_log(tmp_path, monkeypatch):
+  """604,800 commits (one a second for a week) on a fake clock: one event for the run's first, then one a
+  minute, and their counts add up to every commit."""
+  clock = [0.0]
+  monkeypatch.setattr(local_saves.time, 'monotonic', lambda: clock[0])
+  summary = local_saves.CommitSummary(events_lib.EventLog(tmp_path, 0))
+  for step in range(7 * 24 * 3600):
+    clock[0] = float(step)
+    summary.add(step, 0.01, 100)
+  summary.write()
+  events = events_lib.read(tmp_path)
+  assert len(events) == 1 + 7 * 24 * 60 and sum(e['commits'] for e in events) == 7 * 24 * 3600
+  assert {e['interval_s'] for e in events[1:]} == {1.0} and events[-1]['step'] == 7 * 24 * 3600 - 1

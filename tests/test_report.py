@@ -455,3 +455,16 @@ def test_an_exit_plan_changed_after_the_save_in_flight_is_the_one_reported(tmp_p
   job.ev(0, 31.5, 'exit', code=143, step=140)
   p, = report.load(job.write(checkpoints=[100])).preemptions
   assert (p.plan, p.saved_step) == ('keep_in_flight', 100)
+
+
+def test_local_tier_summaries_count_every_commit_they_stand_for(tmp_path):
+  """Summed `local_committed` events (one a minute): the count and the intervals are the commits', not the
+  summaries'."""
+  job = Job(tmp_path)
+  job.start(0, 0.0)
+  job.ev(0, 1.0, 'local_committed', step=10, duration_s=0.02, bytes=1000, commits=1)
+  job.ev(0, 61.0, 'local_committed', step=6010, duration_s=0.03, bytes=1000, commits=60, interval_s=1.0)
+  job.ev(0, 121.5, 'local_committed', step=12000, duration_s=0.04, bytes=1000, commits=30, interval_s=2.0)
+  r = report.load(job.write())
+  assert r.local.saves_committed == 91
+  assert (r.local.interval_s.p50, r.local.interval_s.max) == (pytest.approx(1.0), pytest.approx(2.0))

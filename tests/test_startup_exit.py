@@ -94,3 +94,19 @@ def test_a_host_that_finishes_its_first_step_after_another_claimed_the_exit_ends
     host.first_step_done()
   assert codes[-1][1] == signals.INTERRUPT_EXIT_CODE
   del cond
+
+
+def test_the_waiting_thread_and_the_main_thread_finding_the_claim_end_the_process_once(tmp_path, exits):
+  """The main thread may finish the first step while the waiting thread writes the exit's events: it finds
+  the claim too, and waits for the process to end instead of writing them again."""
+  codes, cond = exits
+  service = _Service()
+  host = startup_exit.StartupExit(service, 0, events_lib.EventLog(tmp_path, 0), 143, 300.0, lambda: True,
+                                  lambda: 400)
+  host._exiting.acquire()  # pylint: disable=protected-access  (the waiting thread is writing the events)
+  main = threading.Thread(target=host.first_step_done, daemon=True)
+  service.key_value_set(startup_exit.KEY, 'exit|SIGTERM|1')
+  main.start()
+  main.join(1.0)
+  assert main.is_alive() and events_lib.read(tmp_path) == []  # waits for the end; nothing written twice
+  del codes, cond

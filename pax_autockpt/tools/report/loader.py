@@ -263,12 +263,18 @@ def _local_tier(evs: list[_Event], runs: list[model.Run]) -> model.LocalTier | N
     return None
   host = min((e.host for e in local), default=0)
   mine = [e for e in local if e.host == host]
-  gaps = [b.t - a.t for a, b in zip(mine, mine[1:]) if a.run == b.run]
+  # An event sums up `commits` commits and their mean `interval_s` (pax_autockpt.local_saves.CommitSummary);
+  # logs written before that have one event per commit, and the gaps between them are the intervals.
+  summed = [e for e in mine if values.integer(e.rec.get('commits')) is not None]
+  gaps = ([values.number(e.rec.get('interval_s')) for e in summed if values.number(e.rec.get('interval_s'))
+           for _ in range(values.integer(e.rec.get('commits')))]  # each commit's interval, as if logged alone
+          if summed else [b.t - a.t for a, b in zip(mine, mine[1:]) if a.run == b.run])
   by_index = collections.defaultdict(dict)
   for r in runs:
     by_index[r.index][r.host] = starts.get((r.host, r.index))
   restored = [hosts.get(0, hosts[min(hosts)]) for _, hosts in sorted(by_index.items())]
-  return model.LocalTier(saves_committed=len(mine), interval_s=model.Stats.of(gaps),
+  count = sum(values.integer(e.rec.get('commits')) or 1 for e in mine)
+  return model.LocalTier(saves_committed=count, interval_s=model.Stats.of(gaps),
                          duration_s=model.Stats.of(values.number(e.rec.get('duration_s')) for e in mine),
                          restored_from=restored)
 

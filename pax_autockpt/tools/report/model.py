@@ -112,7 +112,7 @@ class Restart:
 class LocalTier:
   """The local tier (--autockpt_local_dir): its commits, merged over hosts, and what restarts used."""
   saves_committed: int            # local steps committed (on the lowest host that logged any)
-  interval_s: Stats               # between consecutive local commits of one run
+  interval_s: Stats               # between consecutive local commits of one run (per summary: its mean)
   duration_s: Stats               # a local save's start -> its commit
   restored_from: list[str | None]  # per job run: 'local', 'bucket' or None (fresh, or not recorded)
 
