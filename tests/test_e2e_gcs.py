@@ -193,11 +193,12 @@ def test_two_hosts_on_one_bucket_sigterm_to_host_1_only_ocdbt_by_default_and_res
   """No format flag: gs:// gets OCDBT; SIGTERM to host 1 only -> one step everywhere, then resumed, and
   the relaunch's launcher SIGKILLed: its hosts exit 143 and none outlives it."""
   job = gcs.url('two-hosts')
+  host1_log = os.fspath(layout.host_log_path(job, 1))  # outside the test's folder: appended to by every run
+  since = os.path.getsize(host1_log) if os.path.exists(host1_log) else 0
   launcher = _launch_two(jobs, job, str(tmp_path / 'launch1.log'), ready='interval save of step')  # in the loop
   assert '[autockpt] gs:// job directory: OCDBT checkpoints' in launcher.log()
-  host1_log = os.fspath(layout.host_log_path(job, 1))
-  process.wait_until(lambda: 'Step `3` completed' in process.text_of(host1_log), 'training on host 1', 300, 0.2,
-                     launcher)  # past the first step: a SIGTERM before it ends the job with nothing to save
+  process.wait_until(lambda: 'Step `3` completed' in process.text_of(host1_log, since), 'training on host 1', 300,
+                     0.2, launcher)  # past the first step: a SIGTERM before it ends the job with nothing to save
   os.kill(events_of(job, 'start', host=1)[0]['pid'], signal.SIGTERM)
   assert launcher.wait(180) == 143, launcher.log()[-3000:]
   steps = {events_of(job, 'preemption', host=h)[0]['step'] for h in (0, 1)}

@@ -1,4 +1,5 @@
-"""End to end, as users run it (fresh `python -m pax_autockpt.main` processes, real signals, local disk): a
+"""End to end, as users run it (fresh `python -m pax_autockpt.main` processes for the runs that restore, save
+and exit, forked ones for the runs that only set the scene; real signals, local disk): a
 local-tier step restores only into its own job and lineage, the freshest copy is decided again when a
 checkpoint is set aside, and a restored local step the job directory lacks is never stranded.
 
@@ -26,6 +27,7 @@ import pytest
 from pax_autockpt import events as events_lib
 from pax_autockpt import layout
 from pax_autockpt.tools import process
+from tests import forkserver
 from tests.conftest import checkpoint_steps
 
 pytestmark = pytest.mark.e2e
@@ -47,11 +49,13 @@ def _newest_local(folder, without=None):
   return steps[-1] if steps and without not in steps else 0
 
 
-def _start(jobs, tmp_path, name, job_dir, *flags, env=None):
-  job = process.Job(process.ours_argv(EXP, job_dir, '--autockpt_notices=off',
-                                      f'--autockpt_local_dir={tmp_path}/local-{{host}}',
-                                      '--autockpt_local_min_interval_secs=0.2', *flags),
-                    str(tmp_path / f'{name}.log'), env=env)
+def _start(jobs, tmp_path, name, job_dir, *, fresh=True, env=None):
+  """A fresh interpreter, as users start it; or (`fresh=False`, for the runs that only set the scene) forked
+  from a server that imported paxml (tests/forkserver.py): ~10 CPU-s less."""
+  argv = process.ours_argv(EXP, job_dir, '--autockpt_notices=off', f'--autockpt_local_dir={tmp_path}/local-{{host}}',
+                           '--autockpt_local_min_interval_secs=0.2')
+  log = str(tmp_path / f'{name}.log')
+  job = process.Job(argv, log, env=env) if fresh else forkserver.job(argv, log)
   jobs.append(job)
   return job
 
@@ -76,7 +80,7 @@ def test_a_local_step_restores_only_into_its_job_and_lineage_and_is_never_strand
   ckpt = layout.checkpoint_dir(job_dir)
 
   # 1. Local steps past checkpoint 400, then an unplanned kill.
-  run = _start(jobs, tmp_path, 'run1', job_dir)
+  run = _start(jobs, tmp_path, 'run1', job_dir, fresh=False)
   process.wait_until(lambda: _newest_local(local) >= 430 and 400 in checkpoint_steps(job_dir)[0],
                      'local steps past 430 and checkpoint 400', 300, 0.05, run)
   run.kill()
@@ -85,7 +89,7 @@ def test_a_local_step_restores_only_into_its_job_and_lineage_and_is_never_strand
 
   # 2. A rollback: checkpoint 400 deleted. The restart restores 200 and names the local step it passes over.
   shutil.rmtree(layout.step_dir(ckpt, 400))
-  run = _start(jobs, tmp_path, 'run2', job_dir)
+  run = _start(jobs, tmp_path, 'run2', job_dir, fresh=False)
   assert (_started(job_dir, 1, run)['restored_step'], _started(job_dir, 1, run)['restored_from']) == (200, 'bucket')
   assert (f'local step {grown_from_400} is not offered for the restore: it grew from checkpoint 400, which is no '
           'longer in the job directory (rolled back)') in run.log()
@@ -141,7 +145,7 @@ def test_a_local_step_restores_only_into_its_job_and_lineage_and_is_never_strand
   # 5. Another job on the same local directory: a fresh start, the first job's steps named and passed over.
   theirs = layout.local_committed_steps(local)[-1]
   other = str(tmp_path / 'other-job')
-  run = _start(jobs, tmp_path, 'run5', other)
+  run = _start(jobs, tmp_path, 'run5', other, fresh=False)
   start = _started(other, 0, run)
   run.send(signal.SIGTERM)
   assert run.wait(120) == 143, run.log()[-3000:]
