@@ -146,3 +146,10 @@ def cancel_all() -> None:
   """Cancels every watchdog armed in this process: what forgetting a recorded signal needs too (tests)."""
   while _armed:
     _armed.pop().cancel()
+
+
+def time_left(deadline: Deadline | None) -> float | None:
+  """How long a wait on the exit path may last: until the margin before the deadline (None: no deadline)."""
+  if deadline is None:
+    return None
+  return max(0.0, deadline.remaining() - MARGIN_SECS)

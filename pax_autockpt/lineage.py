@@ -11,9 +11,10 @@ every local step records, in its digest-covered index:
 - `base`: the newest job-directory checkpoint this run knew committed when the step's state was captured
   (the one it grew from), and `started`: this run's job-directory saves begun after that one, up to the step.
 
-A restart offers a local step only when `refusal` finds nothing wrong: the same job; its base still in the
-job directory (committed, or set aside as damaged: the state grew from it before the damage), else it was
-rolled back; and the job directory's newest checkpoint at or below the step one it grew from. Pure, fed
+A restart offers a local step only when `refusal` finds nothing wrong: the same job; its base, and any save it
+started that the event log says committed, still in the job directory (committed, or set aside as damaged:
+the state grew from it before the damage), else it was rolled back; and the job directory's newest checkpoint
+at or below the step one it grew from. Pure, fed
 what the restart listed.
 """
 
@@ -57,14 +58,20 @@ class Lineage:
     return f'{self.job}/{self.run}'
 
 
-def refusal(lineage: Lineage, step: int, *, job: str, committed: list[int], set_aside: list[int]) -> str | None:
+def refusal(lineage: Lineage, step: int, *, job: str, committed: list[int], set_aside: list[int],
+            ever_committed: frozenset[int] = frozenset()) -> str | None:
   """Why local `step` may not restore into job `job` whose job directory holds `committed` (and damaged
-  `set_aside` checkpoints), or None. Each reason reads after "local step N is not offered: "."""
+  `set_aside` checkpoints), or None; `ever_committed`: the steps this job's event log says a save committed
+  (a save still in flight when the step was captured, committed and since deleted, is a rollback too). Each
+  reason reads after "local step N is not offered: "."""
   if lineage.job != job:
     return f'written by another job (job id {lineage.job}, this job is {job})'
-  if lineage.base is not None and lineage.base not in committed and lineage.base not in set_aside:
-    return (f'it grew from checkpoint {lineage.base}, which is no longer in the job directory '
-            '(rolled back): restoring it would undo the rollback')
+  there = set(committed) | set(set_aside)
+  gone = [s for s in (lineage.base, *(s for s in lineage.started if s in ever_committed)) if s is not None
+          and s <= step and s not in there]
+  if gone:
+    return (f'it grew from checkpoint {max(gone)}, which is no longer in the job directory (rolled back): '
+            'restoring it would undo the rollback')
   below = [s for s in committed if s <= step]
   newest = below[-1] if below else None
   if newest is not None and newest not in lineage.started and (lineage.base is None or newest > lineage.base):

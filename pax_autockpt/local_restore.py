@@ -100,6 +100,7 @@ class JobState:
   job: str
   committed: list[int]
   set_aside: list[int]
+  ever_committed: frozenset[int] = frozenset()  # steps whose save_committed event this host logged
 
   @property
   def newest(self) -> int | None:
@@ -138,7 +139,8 @@ class LocalRestore:
     try:
       found = local_tier.read_index(path)
       lineage = local_tier.lineage_of(found)
-      why = lineage_lib.refusal(lineage, step, job=job.job, committed=job.committed, set_aside=job.set_aside)
+      why = lineage_lib.refusal(lineage, step, job=job.job, committed=job.committed, set_aside=job.set_aside,
+                                ever_committed=job.ever_committed)
       if why is None:
         local_tier.read_shards(path, found)
     except (local_tier.LocalDamage, OSError) as e:

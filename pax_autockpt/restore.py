@@ -157,13 +157,15 @@ class Restorer:
 
   def __init__(self, inner: Any, *, events: events_lib.EventLog, checksums: bool, retry_secs: float,
                set_aside: Callable[[int], None], restart_input: bool = False,
-               local: local_restore.LocalRestore | None = None, local_job: str = ''):
+               local: local_restore.LocalRestore | None = None, local_job: str = '',
+               ever_committed: frozenset[int] = frozenset()):
     """`set_aside(step)` is called on every host after a damaged checkpoint left the listing;
     `restart_input`: an input state written by another number of hosts is not restored (the input
     starts over) instead of being a mismatch; `local`: the local tier, restored from where its newest
     complete step is at least as new as the bucket's newest checkpoint; `local_job`: this job's id
-    (pax_autockpt.lineage), that a local step must have been written by."""
-    self._local, self._local_job = local, local_job
+    (pax_autockpt.lineage), that a local step must have been written by; `ever_committed`: the steps this
+    host's event log records a committed save of (a local step's lineage is checked against them)."""
+    self._local, self._local_job, self._ever_committed = local, local_job, ever_committed
     self._local_failed = False  # a local read failed: the rest of this restore is the job directory's
     self._job: local_restore.JobState | None = None  # what the last local plan was made against
     self._after_read: Callable[[], None] | None = None  # a local read's input position, set once all hosts read
@@ -240,7 +242,7 @@ class Restorer:
   def _job_state(self) -> local_restore.JobState:
     """The job directory as a local step's lineage is checked against (committed and set-aside steps)."""
     return local_restore.JobState(self._local_job, layout.committed_steps(self.checkpoint_dir),
-                                  layout.set_aside_steps(self._events.job_log_dir))
+                                  layout.set_aside_steps(self._events.job_log_dir), self._ever_committed)
 
   def _local_plan(self, partitioner: Any, metadata: Any, pipeline: Any) -> int | None:
     """The local step every host restores (Pax is pointed at it), or None for the bucket's newest."""

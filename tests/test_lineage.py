@@ -9,8 +9,9 @@ from pax_autockpt import lineage as lineage_lib
 Lineage = lineage_lib.Lineage
 
 
-def _refusal(lineage, step, committed, set_aside=(), job='job-a'):
-  return lineage_lib.refusal(lineage, step, job=job, committed=list(committed), set_aside=list(set_aside))
+def _refusal(lineage, step, committed, set_aside=(), job='job-a', ever_committed=frozenset()):
+  return lineage_lib.refusal(lineage, step, job=job, committed=list(committed), set_aside=list(set_aside),
+                             ever_committed=ever_committed)
 
 
 def test_a_step_of_this_job_that_grew_from_the_newest_checkpoint_is_offered():
@@ -33,6 +34,16 @@ def test_a_rollback_is_honoured():
   assert why.startswith('it grew from checkpoint 600, which is no longer in the job directory')
   # Every checkpoint deleted (the directory emptied, its job id kept): nothing it grew from is left.
   assert _refusal(Lineage('job-a', 'r1', base=0), 30, committed=[]) is not None
+
+
+def test_a_rollback_of_a_save_in_flight_at_the_capture_is_seen_in_the_event_log():
+  """Local step 432 was captured while the save of 400 was still writing (its base is 200). 400 then
+  committed (its save_committed event) and the user deleted it: a rollback. Had 400 never committed (a kill
+  mid-save), 432 grew from 200 and is offered."""
+  grown = Lineage('job-a', 'r1', base=200, started=(400,))
+  why = _refusal(grown, 432, committed=[0, 200], ever_committed=frozenset({0, 200, 400}))
+  assert why.startswith('it grew from checkpoint 400, which is no longer in the job directory')
+  assert _refusal(grown, 432, committed=[0, 200], ever_committed=frozenset({0, 200})) is None
 
 
 def test_a_base_set_aside_as_damaged_still_counts_and_the_step_is_offered_over_the_older_checkpoint():

@@ -1,0 +1,220 @@
+"""The exit path after a preemption signal or a notice: plan, save, wait for the commit, exit.
+
+A SIGTERM starts the grace budget (`--autockpt_grace_secs`, from the signal's arrival): a watchdog ends the
+process before it runs out. At the agreed step the primary host plans (pax_autockpt.grace: save this step,
+keep the save in flight, or give up), every host follows, the save commits within the budget, and
+`outcomes.Preempted` (or `SaveFailed`) goes to the executor, which decides the exit code. A signal before the
+first step exits with nothing to save, unless the restored state is a local step the job directory lacks:
+then it is saved first. Notices save (and, with `save_and_exit`, exit) the same way.
+
+The checkpointer owns the saves; this class owns the decisions around them and gets, from the checkpointer,
+only what it asks of it (the callables and objects its constructor takes).
+"""
+
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from absl import logging
+
+from pax_autockpt import agreement
+from pax_autockpt import background_save
+from pax_autockpt import costs as costs_lib
+from pax_autockpt import events as events_lib
+from pax_autockpt import grace
+from pax_autockpt import layout
+from pax_autockpt import notices
+from pax_autockpt import outcomes
+from pax_autockpt import preemption as preemption_lib
+from pax_autockpt import signals
+
+
+class ExitPath:
+  """One host's exit decisions (see the module docstring)."""
+
+  def __init__(self, *, events: events_lib.EventLog, preemption: preemption_lib.PreemptionWatcher,
+               background: background_save.BackgroundSaves, costs: costs_lib.SaveCosts, saving: bool,
+               exit_after_ondemand: bool, grace_secs: float, exit_code: int, notice_action: str,
+               save: Callable[..., None], step_dir: Callable[[int], Any], latest_step: Callable[[], int | None],
+               newest_committed: Callable[[], int | None], committed_this_run: list[int],
+               restored_step: Callable[[], int | None], last_step: Callable[[], int | None],
+               restorer: Any):
+    """`save(step, reason, state, last=, deadline=)` starts a save (the checkpointer's); `committed_this_run`
+    is the checkpointer's own list (appended to as saves commit); `restorer` tells whether the restored state
+    is a local step the job directory lacks (`unbacked_step`, `local_agreed_newest`)."""
+    self._events, self._preemption, self._background, self._costs = events, preemption, background, costs
+    self._saving, self._exit_after_ondemand = saving, exit_after_ondemand
+    self._grace_secs, self._exit_code, self._notice_action = grace_secs, exit_code, notice_action
+    self._save, self._step_dir = save, step_dir
+    self._latest_step, self._newest_committed = latest_step, newest_committed
+    self._committed_this_run, self._restored_step, self._last_step = committed_this_run, restored_step, last_step
+    self._restorer = restorer
+    self._watchdog = grace.Watchdog(self._out_of_time)
+    self._exit_step: int | None = None  # the step whose commit the exit path waits for
+
+  def signal_arrived(self, signum: int, arrival: float) -> None:
+    """A SIGTERM came to this host (any thread): from now on the process ends before the grace period
+    does. A Ctrl-C has no scheduler behind it: no deadline."""
+    if signum == signal.SIGTERM:
+      self._watchdog.arm(grace.Deadline(arrival, self._grace_secs))
+
+  def _deadline(self) -> grace.Deadline | None:
+    """At the agreed step: the grace period's end, from this host's own SIGTERM, else from now (a host the
+    signal did not reach learns of it through XLA's agreement, within about a second); None for Ctrl-C."""
+    if self._preemption.signal_name != signal.SIGTERM.name:
+      return None
+    got = signals.received()
+    if got is not None and got[0] == signal.SIGTERM:
+      deadline = grace.Deadline(got[1], self._grace_secs)
+    else:
+      deadline = grace.Deadline(time.time(), self._grace_secs, seen_here=False)
+    self._watchdog.arm(deadline)
+    return deadline
+
+  def _signal_fields(self, deadline: grace.Deadline | None) -> dict[str, Any]:
+    """For the `preemption` event: when the signal came to this host (None: it did not), and the grace."""
+    got = signals.received()
+    fields = {'signal_at': round(got[1], 6) if got else None}
+    if deadline is not None:
+      fields['grace_s'] = self._grace_secs
+    return fields
+
+  def before_training(self, step: int, state: dict[str, Any]) -> None:
+    """A signal during start-up or the restore: nothing trained since the checkpoint just restored (or
+    nothing at all), so nothing to save; every host exits now, before the first step compiles. Unless the
+    state restored is a local step the job directory lacks: it is saved there first (the local disks may
+    go with the VMs), as at any agreed step."""
+    unbacked = self._restorer.unbacked_step
+    if unbacked is not None:
+      logging.info('[autockpt] The restored local step %d is not in the job directory (newest there: %s): saving '
+                   'it there before exiting.', unbacked, self._restorer.local_agreed_newest)
+      self.on_preemption(step, state)
+    deadline = self._deadline()
+    newest = self._exit_step = self._newest_committed()
+    self._events.write('preemption', step=step, signal=self._preemption.signal_name, saved_step=newest,
+                       plan='nothing_to_save', **self._signal_fields(deadline))
+    what = f'since checkpoint {newest}' if newest is not None else 'yet, and no checkpoint'
+    raise outcomes.Preempted(step, f'Nothing trained {what} when the signal came: nothing to save',
+                             signal=self._preemption.signal_name)
+
+  def on_preemption(self, step: int, state: dict[str, Any]) -> None:
+    deadline = self._deadline()
+    if not self._exit_after_ondemand:  # Pax trains on after the save; the watchdog exits 143 once it committed
+      self._events.write('preemption', step=step, signal=self._preemption.signal_name, **self._signal_fields(None))
+      logging.info('[autockpt] Preemption: every host agreed on step %d.', step)
+      self._save_unless_committed(step, 'preemption', state)
+      self._exit_step = step
+      return
+    exit_plan = self._agreed_exit_plan(step, deadline)
+    saved = exit_plan.kept_step if exit_plan.action == grace.KEEP_IN_FLIGHT else step
+    self._events.write('preemption', step=step, signal=self._preemption.signal_name, saved_step=saved,
+                       plan=exit_plan.action, why=exit_plan.why, **self._signal_fields(deadline))
+    logging.info('[autockpt] Preemption: every host agreed on step %d; %s (%s).', step, _PLAN_WORDS[exit_plan.action],
+                 exit_plan.why)
+    if exit_plan.action == grace.SAVE and deadline is not None and self._background.in_flight:
+      exit_plan = self._replanned(step, deadline)
+      if exit_plan.action != grace.SAVE:
+        saved = exit_plan.kept_step
+        self._events.write('exit_replanned', step=step, plan=exit_plan.action, saved_step=saved, why=exit_plan.why)
+        logging.info('[autockpt] Step %d: %s (%s).', step, _PLAN_WORDS[exit_plan.action], exit_plan.why)
+    if exit_plan.action == grace.GIVE_UP:
+      raise outcomes.SaveFailed(step, f'No time left to save step {step} ({exit_plan.why}); the newest committed '
+                                f'checkpoint is {self._newest_committed()}')
+    if exit_plan.action == grace.SAVE:
+      self._save_unless_committed(step, 'preemption', state, last=True, deadline=deadline)
+    self._exit_once_committed(saved, deadline, agreed=step)
+
+  def _agreed_exit_plan(self, step: int, deadline: grace.Deadline | None) -> grace.ExitPlan:
+    """The primary host's plan, on every host (their saves in flight are of the same step)."""
+    mine = None
+    if self._events.host == 0:
+      latest = self._latest_step()
+      if deadline is None or not self._saving or (latest is not None and latest >= step):
+        mine = grace.ExitPlan(grace.SAVE, 'no grace period' if deadline is None else 'nothing new to save').encode()
+      else:
+        mine = grace.plan(grace.ExitContext(
+            remaining_s=deadline.remaining(), save_duration_s=self._costs.duration_s,
+            in_flight_step=self._background.saving_step,
+            in_flight_elapsed_s=self._background.saving_for())).encode()
+    return grace.ExitPlan.decode(agreement.first_report(f'autockpt/exit-plan/{step}', self._events.host, mine))
+
+  def _replanned(self, step: int, deadline: grace.Deadline) -> grace.ExitPlan:
+    """The plan was to save after the save in flight: once that one finished (waited for within the
+    budget), the primary plans again with its measured duration, and every host follows."""
+    in_flight = self._background.saving_step
+    self._background.wait(grace.time_left(deadline))
+    mine = None
+    if self._events.host == 0:
+      committed = in_flight if in_flight is not None and layout.is_committed(self._step_dir(in_flight)) else None
+      mine = grace.replan(grace.ExitContext(remaining_s=deadline.remaining(), save_duration_s=self._costs.duration_s),
+                          committed, self._costs.last_duration_s).encode()
+    return grace.ExitPlan.decode(agreement.first_report(f'autockpt/exit-replan/{step}', self._events.host, mine))
+
+  def on_notice(self, step: int, notice: notices.Notice, state: dict[str, Any]) -> None:
+    """A maintenance or preemption notice (any host's): every host saves this step; training goes on
+    unless the action is 'save_and_exit'."""
+    self._events.write('notice', step=step, source=notice.source, value=notice.value, seen_by=notice.host)
+    logging.info('[autockpt] %s notice (%s) seen by host %d: every host saves step %d.', notice.source,
+                 notice.value[:100], notice.host, step)
+    notices.warn_if_window_is_too_close(notice, self._durations())
+    self._save_unless_committed(step, 'notice', state, last=self._notice_action == 'save_and_exit')
+    if self._notice_action == 'save_and_exit':
+      self._exit_once_committed(step)
+
+  def _durations(self) -> list[float]:
+    return [e['duration_s'] for e in events_lib.read(self._events.job_log_dir, self._events.host)
+            if e['event'] == 'save_committed' and isinstance(e.get('duration_s'), (int, float))]
+
+  def _save_unless_committed(self, step: int, reason: str, state: dict[str, Any], last: bool = False,
+                             deadline: grace.Deadline | None = None) -> None:
+    if not self._saving:
+      logging.warning('[autockpt] --enable_checkpoint_saving=false: no %s checkpoint written.', reason)
+    elif self._latest_step() is not None and self._latest_step() >= step:
+      logging.info('[autockpt] Step %d is already saved; nothing new to save.', step)
+    else:
+      self._save(step, reason, state, last, deadline)
+
+  def _exit_once_committed(self, step: int, deadline: grace.Deadline | None = None,
+                           agreed: int | None = None) -> None:
+    """Waits for the step's save (no longer than the grace period allows), then raises for the executor:
+    Preempted, or SaveFailed. `agreed` is the step training stopped at, when the save is an earlier one."""
+    self._exit_step = step
+    finished = self._background.wait(grace.time_left(deadline))
+    agreed = step if agreed is None else agreed
+    if self._saving and not layout.is_committed(self._step_dir(step)):
+      why = 'did not commit within the grace period' if not finished else 'failed to commit'
+      raise outcomes.SaveFailed(agreed, f'On-demand checkpoint of step {step} {why}; the newest committed '
+                                f'checkpoint is {self._newest_committed()}')
+    what = (f'On-demand checkpoint of step {step} committed' if step == agreed else
+            f'Checkpoint of step {step} committed (no time to save step {agreed} as well)')
+    raise outcomes.Preempted(agreed, what, signal=self._preemption.signal_name)
+
+  def _out_of_time(self, deadline: grace.Deadline) -> None:
+    """The watchdog, `grace.WATCHDOG_LEAD_SECS` before the deadline, with the process still alive (a wait
+    or a teardown that hangs): one line and exit now, 143 if the step the exit waited for is committed.
+    The line and the event get half the lead time (storage may be what hangs), then the process ends."""
+    restored = self._restored_step() if self._restorer.unbacked_step is None else None  # a local step is not
+    known = [s for s in (*self._committed_this_run, restored) if s is not None]  # no storage call
+    code = self._exit_code if self._exit_step is not None and self._exit_step in known else 1
+    message = (f'[autockpt] The grace period of {deadline.grace_secs:g} s ends in {grace.WATCHDOG_LEAD_SECS:g} s: '
+               f'exiting {code} now; the newest committed checkpoint is {max(known, default=None)}.')
+    print(message, file=sys.stderr, flush=True)
+
+    def record():
+      logging.error(message)
+      if 'exit' not in self._events.kinds_written:  # else the exit was decided already and its teardown hangs
+        self._events.write('exit', code=code, step=self._last_step(), grace_expired=True)
+        self._events.flush()
+      logging.flush()
+
+    recorder = threading.Thread(target=record, name='autockpt-grace-exit', daemon=True)
+    recorder.start()
+    recorder.join(grace.WATCHDOG_LEAD_SECS / 2)
+    os._exit(code)  # pylint: disable=protected-access
+
+
+_PLAN_WORDS = {grace.SAVE: 'saving it', grace.KEEP_IN_FLIGHT: 'keeping the save in flight',
+               grace.GIVE_UP: 'no save fits'}
