@@ -167,7 +167,6 @@ class Restorer:
     host's event log records a committed save of (a local step's lineage is checked against them)."""
     self._local, self._local_job, self._ever_committed = local, local_job, ever_committed
     self._local_failed = False  # a local read failed: the rest of this restore is the job directory's
-    self._job: local_restore.JobState | None = None  # what the last local plan was made against
     self._after_read: Callable[[], None] | None = None  # a local read's input position, set once all hosts read
     self._local_step: int | None = None  # the local step being restored (Pax's step_to_restore)
     self._inner = inner
@@ -251,11 +250,11 @@ class Restorer:
     try:
       needs = local_tier.fingerprint_for(metadata.padded_global_shapes, partitioner.global_mesh,
                                          metadata.partition_specs)
-      self._job = self._job_state()
+      job = self._job_state()
     except Exception as e:  # pylint: disable=broad-except
       logging.warning('[autockpt] local tier not used for this restore: %s', failures.one_line(e))
-      needs, self._job = '', local_restore.JobState(self._local_job, [], [])
-    plan = self._local.plan(needs, self._job, needs_input=pipeline is not None)
+      needs, job = '', local_restore.JobState(self._local_job, [], [])
+    plan = self._local.plan(needs, job, needs_input=pipeline is not None)
     if plan is None or not self._local.fill(plan):
       return None
     internals.restore_step(self._inner, plan.step)
