@@ -12,6 +12,7 @@ restored local step the job directory lacks), or the restore has not ended, `not
 the loop's first iteration decides instead (pax_autockpt.checkpointer).
 """
 
+import atexit
 import os
 import signal
 import sys
@@ -39,9 +40,22 @@ class StartupExit:
     self._lock = threading.Lock()
     self._exiting = threading.Lock()  # held by the one thread that ends the process
     self._done = False  # the first step completed (or the decision was taken): nothing more to do here
+    self._thread = None
     if client is not None:
-      threading.Thread(target=self._wait, name='autockpt-startup-exit', daemon=True).start()
+      self._thread = threading.Thread(target=self._wait, name='autockpt-startup-exit', daemon=True)
+      self._thread.start()
+      atexit.register(self._release)  # before jax.distributed's own shutdown (atexit runs last-in first-out)
     signals.on_first_signal(self._signalled)
+
+  def _release(self) -> None:
+    """At the interpreter's exit (a run that ended before its second iteration, an exit at the first): the
+    waiting threads return before the coordination client goes, which would abort the process under a
+    thread still blocked in it."""
+    with self._lock:
+      self._done = True
+    if self._thread.is_alive():  # else it returned already (the key is written, or the coordinator is gone)
+      self._claim('trained')
+      self._thread.join(2.0)
 
   def first_step_done(self) -> None:
     """Main thread, at the loop's second iteration: from now on a signal takes the ordinary path. Where a

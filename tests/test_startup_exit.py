@@ -1,6 +1,7 @@
 """The start-up exit's one decision for every host (pax_autockpt.startup_exit), with a coordination service
 stand-in that behaves as jax's does for these calls (a key is written once; a blocking get waits for it)."""
 
+import atexit
 import threading
 
 import pytest
@@ -109,4 +110,5 @@ def test_the_waiting_thread_and_the_main_thread_finding_the_claim_end_the_proces
   main.start()
   main.join(1.0)
   assert main.is_alive() and events_lib.read(tmp_path) == []  # waits for the end; nothing written twice
+  atexit.unregister(host._release)  # pylint: disable=protected-access  (its threads wait for an end that is faked)
   del codes, cond
