@@ -96,8 +96,7 @@ class ExitPath:
     newest = self._exit_step = self._newest_committed()
     self._events.write('preemption', step=step, signal=self._preemption.signal_name, saved_step=newest,
                        plan='nothing_to_save', **self._signal_fields(deadline))
-    what = f'since checkpoint {newest}' if newest is not None else 'yet, and no checkpoint'
-    raise outcomes.Preempted(step, f'Nothing trained {what} when the signal came: nothing to save',
+    raise outcomes.Preempted(step, nothing_trained(newest),
                              signal=self._preemption.signal_name)
 
   def on_preemption(self, step: int, state: dict[str, Any]) -> None:
@@ -218,3 +217,9 @@ class ExitPath:
 
 _PLAN_WORDS = {grace.SAVE: 'saving it', grace.KEEP_IN_FLIGHT: 'keeping the save in flight',
                grace.GIVE_UP: 'no save fits'}
+
+
+def nothing_trained(newest: int | None) -> str:
+  """The words of an exit before the first step, whichever path takes it (here, or pax_autockpt.startup_exit)."""
+  what = f'since checkpoint {newest}' if newest is not None else 'yet, and no checkpoint'
+  return f'Nothing trained {what} when the signal came: nothing to save'

@@ -22,6 +22,7 @@ from typing import Callable
 from absl import logging
 
 from pax_autockpt import events as events_lib
+from pax_autockpt import exit_path
 from pax_autockpt import signals
 
 KEY = 'autockpt/startup-exit'
@@ -121,9 +122,8 @@ class StartupExit:
                        **({'grace_s': self._grace_secs} if name == signal.SIGTERM.name else {}))
     self._events.write('exit', code=code, step=newest or 0)
     self._events.flush()
-    what = f'since checkpoint {newest}' if newest is not None else 'yet, and no checkpoint'
-    message = (f'[autockpt] Nothing trained {what} when the signal came: nothing to save ({name}); exiting '
-               f'{code}. (Host {host} had it before the first step completed.)')
+    message = (f'[autockpt] {exit_path.nothing_trained(newest)} ({name}); exiting {code}. (Host {host} had it '
+               'before the first step completed.)')
     logging.info(message)
     logging.flush()
     print(message, file=sys.stderr, flush=True)
