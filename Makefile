@@ -33,7 +33,7 @@ lint: venv
 	$(VENV)/bin/ruff check pax_autockpt experiments tests
 
 test: venv lint
-	$(PYTEST) -q -rs -n 2 --dist loadgroup
+	$(PYTEST) -q -rs -n 2 --dist loadgroup --durations=25
 
 # Unit and registry tests only (no real training processes).
 test-fast: venv
