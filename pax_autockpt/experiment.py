@@ -21,7 +21,7 @@ class AutockptMixin:
 
   Each `AUTOCKPT_*` attribute is a field of `pax_autockpt.settings.Settings` with its default (set
   below, from that one declaration); a subclass overrides them and an `--autockpt_*` flag given to
-  `python -m pax_autockpt.main` overrides both (README, "Settings").
+  `python -m pax_autockpt.main` overrides both (docs/settings.md).
   """
 
   def autockpt_settings(self) -> settings_lib.Settings:

@@ -11,7 +11,7 @@ answer to every host (pax_autockpt.agreement), so all hosts start the same saves
 `to_delete` are the boundary where the checkpointer's facts (int steps, unix times, the metrics Pax
 logged) become orbax-shaped objects, and where a policy's answer becomes plain bools again.
 
-Deliberate differences from orbax-latest (README): a clock that jumped backwards (negative elapsed
+Deliberate differences from orbax-latest (docs/continuous.md): a clock that jumped backwards (negative elapsed
 time) does not stall continuous checkpointing; the newest checkpoint is never deleted (`to_delete`);
 parameters are checked before training (`problem_with`) instead of failing, or silently keeping
 everything, at the first decision. Additions: `BestN(metric=...)` for Pax's metric names,
@@ -35,8 +35,9 @@ def utc(unix_seconds: float) -> datetime.datetime:
 class CheckpointInfo:
   """A checkpoint (or the current step) as the policies see it, as orbax's CheckpointInfo.
 
-  `time` is when its save started; `metrics` are the values Pax logged for its step (README,
-  "Metrics for BestN"), None when unknown. Equal and hashed by step and time only, as in orbax.
+  `time` is when its save started; `metrics` are the values Pax logged for its step
+  (docs/continuous.md, "Metrics for BestN"), None when unknown. Equal and hashed by step and time only,
+  as in orbax.
   """
 
   step: int
@@ -140,7 +141,7 @@ def problem_with(policy: Any, kind: type) -> str | None:
 
 
 def _elapsed_at_least(step: CheckpointInfo, previous: CheckpointInfo, seconds: float) -> bool:
-  """A negative elapsed time is a clock that jumped backwards: it must not stall saving (README).
+  """A negative elapsed time is a clock that jumped backwards: it must not stall saving (docs/continuous.md).
   Compared as timedeltas (exact microseconds), as orbax does, not as float seconds."""
   elapsed = step.time - previous.time
   return elapsed < datetime.timedelta(0) or elapsed >= datetime.timedelta(seconds=seconds)

@@ -60,7 +60,7 @@ def usage() -> str:
   lines += ['', 'Autocheckpoint settings: each also an experiment class attribute AUTOCKPT_<NAME>; a flag given '
             'wins over it.', *settings_lib.flag_help()]
   objects = [settings_lib.attribute(f) for f in settings_lib.FIELDS if not settings_lib.flag_name(f)]
-  lines += ['', f'Class attributes only (policy objects): {", ".join(objects)}; see README.md, "Settings".']
+  lines += ['', f'Class attributes only (policy objects): {", ".join(objects)}; see docs/settings.md.']
   return '\n'.join(lines)
 
 

@@ -2,8 +2,8 @@
 
 From that one declaration come the experiment class attribute `AUTOCKPT_<FIELD>` (on AutockptMixin),
 the `--autockpt_<field>` flag of `pax_autockpt.main` (unless `flag=False`), the check of that flag
-before paxml is imported, and the README's settings table (`markdown_table`; a test fails when the
-README drifts). A flag given on the command line wins over the attribute.
+before paxml is imported, and the settings table of docs/settings.md (`markdown_table`; a test fails when
+that page drifts). A flag given on the command line wins over the attribute.
 """
 
 import dataclasses
@@ -146,7 +146,7 @@ class Settings:
   keep_every_steps: int | None = option(None, 'preservation: the checkpoints at multiples of N steps',
                                         rule=_optional_count)
   keep_best: int | None = option(None, 'preservation: the best N by `best_metric`', rule=_optional_count)
-  best_metric: str = option('train/loss', 'keep_best: the metric to rank by (README, "Metrics for BestN")',
+  best_metric: str = option('train/loss', 'keep_best: the metric to rank by (docs/continuous.md, "Metrics for BestN")',
                             rule=_metric_name)
   best_mode: str = option('min', "keep_best: 'min' keeps the lowest values, 'max' the highest", rule=_best_mode)
   checksums: bool = option(True, 'write a content manifest (xxh3 of every array shard) inside each checkpoint '
@@ -221,7 +221,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 
 def markdown_table() -> str:
-  """The README's settings table."""
+  """The settings table of docs/settings.md."""
   rows = ['| attribute | flag | default | meaning |', '|---|---|---|---|']
   for name, f in FIELDS.items():
     replaced = ' / '.join(f'`--{flag_name(r)}`' for r in f.metadata['replaced_by'])
@@ -236,7 +236,7 @@ def help_entry(head: str, meaning: str, width: int = 100) -> list[str]:
 
 
 def flag_help() -> list[str]:
-  """The `--autockpt_*` part of `python -m pax_autockpt.main --help`, from the same fields as the README."""
+  """The `--autockpt_*` part of `python -m pax_autockpt.main --help`, from the same fields as docs/settings.md."""
   metavar = {int: 'INT', float: 'NUMBER', str: 'TEXT'}
   lines = []
   for name, f in FIELDS.items():

@@ -74,7 +74,7 @@ def test_save_decisions_agree_with_orbax():
   for case in ANSWERS['save']:
     previous = infos(case['previous'])
     now = when(case['now_us'])
-    # Documented difference (README): a clock that jumped backwards does not stall continuous
+    # Documented difference (docs/continuous.md): a clock that jumped backwards does not stall continuous
     # checkpointing here, where orbax-latest waits until the clock has caught up. Excluded.
     if uses(case['policy'], 'ContinuousCheckpointingPolicy') and previous and now < previous[-1].time:
       excluded += 1
@@ -96,7 +96,7 @@ def test_preservation_agrees_with_orbax(by_name):
     context = P.PreservationContext(now=when(case['now_us']))
     policy = preservation_policy(case['policy'], by_name)
     assert list(policy.should_preserve(ckpts, context=context)) == case['answer'], case
-    # Documented difference (README): orbax deletes every checkpoint its policy does not keep; here
+    # Documented difference (docs/continuous.md): orbax deletes every checkpoint its policy does not keep; here
     # `to_delete` never deletes the newest one. So ours = orbax's minus the newest, nothing else.
     orbax_deletes = [c.step for c, keep in zip(ckpts, case['answer']) if not keep]
     newest = [ckpts[-1].step] if ckpts else []

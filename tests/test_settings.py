@@ -156,8 +156,8 @@ def test_flag_replaces_policy_object(autockpt_flags):
   assert settings_lib.preservation_policy(s) == policies.LatestN(7)
 
 
-def test_each_setting_is_one_declaration_driving_attribute_flag_and_readme():
-  """A new setting is one field of Settings: the mixin attribute, the flag and the README row follow."""
+def test_each_setting_is_one_declaration_driving_attribute_flag_and_settings_page():
+  """A new setting is one field of Settings: the mixin attribute, the flag and the docs/settings.md row follow."""
   fv = flags.FlagValues()
   settings_lib.define_flags(fv)
   for name, field in settings_lib.FIELDS.items():
@@ -166,9 +166,9 @@ def test_each_setting_is_one_declaration_driving_attribute_flag_and_readme():
     if flag:
       assert fv[flag].default is None and field.metadata['doc'] in fv[flag].help
     assert field.metadata['rule'](field.default) is None, f'the default of {name} breaks its own rule'
-  with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), 'README.md')) as f:
-    readme = f.read()
-  assert settings_lib.markdown_table() in readme, 'README settings table: paste settings.markdown_table()'
+  with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), 'docs', 'settings.md')) as f:
+    page = f.read()
+  assert settings_lib.markdown_table() in page, 'docs/settings.md settings table: paste settings.markdown_table()'
 
 
 def test_default_exit_code_is_the_one_constant():

@@ -7,7 +7,7 @@ tensorstore and digested. One line per checkpoint; exit 0 when all are whole, 1 
 (default: the newest committed) of this job with the same step of the job OTHER (or with OTHER, a step
 directory). Every saved array is read back from both, shard by shard, and compared byte for byte, and so
 is the training input's saved position: exit 0 when all are identical, 1 naming the first difference.
-That is how a resumed run is checked against an uninterrupted one (README, "Exact resume").
+That is how a resumed run is checked against an uninterrupted one (docs/troubleshooting.md, "Exact resume").
 """
 
 import argparse
