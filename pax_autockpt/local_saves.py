@@ -33,7 +33,8 @@ from pax_autockpt import signals
 
 _KEY = 'autockpt/local/'
 PEER_WAIT_SECS = 60.0  # a peer that has not written its part by then is gone: this step is not committed
-SUMMARY_SECS = 60.0  # at most one `local_committed` event and log line per this long (after the run's first)
+SUMMARY_SECS = 60.0  # at most one `local_committed` event per this long (after the run's first)
+LOG_SECS = 10.0  # at most one log line on the local commits per this long (after the run's first)
 
 
 class LocalSaves:
@@ -158,45 +159,74 @@ class LocalSaves:
       logging.warning('[autockpt] could not prune the local tier %s: %s', self.folder, failures.one_line(e))
 
 
+class _Window:
+  """The commits since a sink last wrote (one per `every` seconds at most): (step, duration, bytes, monotonic
+  time) each, and the previous window's last commit, from which this window's first interval counts."""
+
+  def __init__(self, every: float):
+    self.every = every
+    self.batch: list[tuple[int, float, int, float]] = []
+    self.last: float | None = None  # when this sink last wrote (monotonic); None: never (write at once)
+    self.before: float | None = None
+
+  def due(self, now: float) -> bool:
+    return self.last is None or now - self.last >= self.every
+
+  def take(self) -> dict[str, Any] | None:
+    """What the window holds, summed up (None when empty); the window starts again."""
+    batch, self.batch = self.batch, []
+    if not batch:
+      return None
+    first, self.last = self.last is None, batch[-1][3]
+    since = self.before if self.before is not None else batch[0][3]
+    self.before = batch[-1][3]
+    gaps = len(batch) if since != batch[0][3] else len(batch) - 1
+    span = batch[-1][3] - since
+    step, duration, nbytes, _ = batch[-1]
+    return dict(first=first, commits=len(batch), span=span, interval=span / gaps if gaps else None, step=step,
+                duration=duration, nbytes=nbytes)
+
+
 class CommitSummary:
-  """The local tier's commits in the event log and the log, at a steady cadence: one `local_committed` event
-  (and one line) for the run's first commit, then one per `SUMMARY_SECS` for every commit since the previous
-  one (`commits`, their mean `interval_s`, the newest's `step`, `duration_s` and `bytes`). A commit a second
-  would otherwise be 86,400 events a day, all read at every start; a kill loses at most one period's count."""
+  """The local tier's commits, summed up: in the event log one `local_committed` event for the run's first
+  commit, then one per `SUMMARY_SECS` for every commit since the previous one (`commits`, their mean
+  `interval_s`, the newest's `step`, `duration_s` and `bytes`); in the log one line per `LOG_SECS` (commits,
+  rate, newest step), so that a reader of the log sees the tier working. A commit a second would otherwise
+  be 86,400 events a day, all read at every start; a kill loses at most one period's count."""
 
   def __init__(self, events: events_lib.EventLog):
     self._events = events
     self._lock = threading.Lock()
-    self._batch: list[tuple[int, float, int, float]] = []  # (step, duration, bytes, monotonic time of the commit)
-    self._last: float | None = None  # when the previous summary was written (monotonic)
-    self._before: float | None = None  # the commit before this batch (its interval counts from there)
+    self._event = _Window(SUMMARY_SECS)
+    self._log = _Window(LOG_SECS)
 
   def add(self, step: int, duration: float, nbytes: int) -> None:
     now = time.monotonic()
     with self._lock:
-      self._batch.append((step, duration, nbytes, now))
-      due = self._last is None or now - self._last >= SUMMARY_SECS
-    if due:
-      self.write()
+      for window in (self._event, self._log):
+        window.batch.append((step, duration, nbytes, now))
+      due = self._event.due(now), self._log.due(now)
+    if any(due):
+      self.write(*due)
 
-  def write(self) -> None:
-    """The commits since the previous summary, if any."""
+  def write(self, event: bool = True, log: bool = True) -> None:
+    """The commits since the previous event (`event`) and line (`log`), if any."""
     with self._lock:
-      batch, self._batch = self._batch, []
-      if not batch:
-        return
-      first, self._last = self._last is None, batch[-1][3]
-      since = self._before if self._before is not None else batch[0][3]
-      self._before = batch[-1][3]
-    step, duration, nbytes, _ = batch[-1]
-    span = batch[-1][3] - since
-    gaps = len(batch) if since != batch[0][3] else len(batch) - 1
-    interval = span / gaps if gaps else None
-    self._events.write('local_committed', step=step, duration_s=round(duration, 6), bytes=nbytes, commits=len(batch),
-                       **({'interval_s': round(interval, 6)} if interval else {}))
-    if first:
-      logging.info('[autockpt] local save of step %d committed in %.3f s (%.1f MB); from now on one line a minute '
-                   'sums up the local commits.', step, duration, nbytes / 1e6)
-    else:
-      logging.info('[autockpt] local tier: %d commit(s) in %.0f s (one every %.2f s), newest step %d, the last in '
-                   '%.3f s (%.1f MB).', len(batch), span, interval or 0.0, step, duration, nbytes / 1e6)
+      to_event = self._event.take() if event else None
+      to_log = self._log.take() if log else None
+    if to_event:
+      self._events.write('local_committed', step=to_event['step'], duration_s=round(to_event['duration'], 6),
+                         bytes=to_event['nbytes'], commits=to_event['commits'],
+                         **({'interval_s': round(to_event['interval'], 6)} if to_event['interval'] else {}))
+    if to_log:
+      _log_line(to_log)
+
+
+def _log_line(w: dict[str, Any]) -> None:
+  if w['first']:
+    logging.info('[autockpt] local save of step %d committed in %.3f s (%.1f MB); from now on one line every '
+                 '%.0f s sums up the local commits.', w['step'], w['duration'], w['nbytes'] / 1e6, LOG_SECS)
+    return
+  rate = f'one every {w["interval"]:.2f} s' if w['interval'] else 'one'
+  logging.info('[autockpt] local tier: %d commit(s) in the last %.0f s (%s), newest step %d, committed in %.3f s '
+               '(%.1f MB).', w['commits'], w['span'], rate, w['step'], w['duration'], w['nbytes'] / 1e6)

@@ -236,6 +236,8 @@ def test_a_week_of_commits_a_second_is_a_bounded_event_log(tmp_path, monkeypatch
   minute, and their counts add up to every commit."""
   clock = [0.0]
   monkeypatch.setattr(local_saves.time, 'monotonic', lambda: clock[0])
+  monkeypatch.setattr(local_saves, '_log_line', lambda window: None)  # the log's cadence: the next test
+  monkeypatch.setattr(events_lib.os, 'fsync', lambda fd: None)  # 10,081 fsyncs took 27 s; not what is tested
   summary = local_saves.CommitSummary(events_lib.EventLog(tmp_path, 0))
   for step in range(7 * 24 * 3600):
     clock[0] = float(step)
@@ -244,3 +246,20 @@ def test_a_week_of_commits_a_second_is_a_bounded_event_log(tmp_path, monkeypatch
   events = events_lib.read(tmp_path)
   assert len(events) == 1 + 7 * 24 * 60 and sum(e['commits'] for e in events) == 7 * 24 * 3600
   assert {e['interval_s'] for e in events[1:]} == {1.0} and events[-1]['step'] == 7 * 24 * 3600 - 1
+
+
+def test_the_log_sums_up_local_commits_every_ten_seconds(tmp_path, monkeypatch):
+  """A reader of the log sees the tier working: the run's first commit, then one line per 10 s with the
+  commits, their rate and the newest step (not one line a minute, which reads as a stopped tier)."""
+  clock, lines = [0.0], []
+  monkeypatch.setattr(local_saves.time, 'monotonic', lambda: clock[0])
+  monkeypatch.setattr(local_saves.logging, 'info', lambda fmt, *args: lines.append(fmt % args))
+  summary = local_saves.CommitSummary(events_lib.EventLog(tmp_path, 0))
+  for step in range(0, 60, 2):  # a commit every 2 s for a minute
+    clock[0] = float(step)
+    summary.add(step, 0.01, 2_000_000)
+  summary.write()
+  assert len(lines) == 1 + 6 and 'local save of step 0 committed' in lines[0], lines
+  assert lines[1] == ('[autockpt] local tier: 5 commit(s) in the last 10 s (one every 2.00 s), newest step 10, '
+                      'committed in 0.010 s (2.0 MB).'), lines[1]
+  assert 'newest step 58' in lines[-1] and len(events_lib.read(tmp_path)) == 2
