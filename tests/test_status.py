@@ -1,5 +1,7 @@
 """`pax-autockpt status`: two lines from the checkpoint listing and host 0's events."""
 
+import threading
+
 import pytest
 
 from pax_autockpt import events as events_lib
@@ -55,3 +57,39 @@ def test_a_job_with_a_local_tier_says_its_newest_local_step_and_whether_a_restar
   _run(job, ('start', {'restored_step': 300, 'restored_from': 'local'}))
   status.run(job)
   assert 'from step 300 of the local tier): no exit recorded' in capsys.readouterr().out
+
+
+def test_a_finished_job_says_a_rerun_trains_nothing(tmp_path, capsys):
+  """Exit 0 without a preemption: the job trained to its last step, and the same command would train nothing
+  (not 'which the same command resumes from'). An exit code configured to 0 for preemptions is not that."""
+  job = str(tmp_path / 'job')
+  for step in (0, 500, 1000):
+    fakes.write_checkpoint(layout.step_dir(layout.checkpoint_dir(job), step))
+  _run(job, ('start', {'restored_step': 500}), ('exit', {'code': 0, 'step': 1000}))
+  status.run(job)
+  first, second = capsys.readouterr().out.splitlines()
+  assert first == 'newest committed checkpoint: step 1000 (3 committed: 0, 500, 1000)'
+  assert second.endswith('; rerunning the same command trains nothing') and ': finished at step 1000, exit 0' in second
+  _run(job, ('start', {'restored_step': 1000}), ('preemption', {'step': 1000, 'signal': 'SIGTERM'}),
+       ('exit', {'code': 0, 'step': 1000}))
+  status.run(job)
+  first, second = capsys.readouterr().out.splitlines()
+  assert 'which the same command resumes from' in first and 'trains nothing' not in second
+
+
+def test_wait_for_checkpoint_returns_once_one_is_committed_or_says_why_not(tmp_path, capsys):
+  """The README's "let it train, then preempt it": status waits for a committed checkpoint of the step or
+  later (a job directory that does not exist yet is waited for too); a run that ends first, or the
+  timeout, is one line and exit 1."""
+  job = str(tmp_path / 'job')
+  timer = threading.Timer(0.3, lambda: fakes.write_checkpoint(layout.step_dir(layout.checkpoint_dir(job), 500)))
+  timer.start()
+  assert status.run(job, wait_for=400, timeout_secs=30) == 0
+  assert capsys.readouterr().out.startswith('newest committed checkpoint: step 500,')
+  assert status.run(job, wait_for=1000, timeout_secs=0.2) == 1
+  assert capsys.readouterr().err == ('status: error: no checkpoint of step 1000 or later committed within 0.2 s '
+                                     '(--timeout_secs)\n')
+  threading.Timer(0.3, lambda: _run(job, ('start', {'restored_step': 500}), ('exit', {'code': 1, 'step': 612}))).start()
+  assert status.run(job, wait_for=1000, timeout_secs=30) == 1
+  assert capsys.readouterr().err == ('status: error: the run ended (exit 1 at step 612) before a checkpoint of step '
+                                     '1000 or later was committed\n')

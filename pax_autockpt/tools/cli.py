@@ -3,7 +3,11 @@
 import argparse
 import sys
 
-from pax_autockpt.tools import launcher
+from pax_autockpt import environment
+
+environment.require()  # `python3 -m pax_autockpt.tools.cli` outside the environment: one line, exit 2
+
+from pax_autockpt.tools import launcher  # noqa: E402  pylint: disable=g-import-not-at-top
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,6 +28,10 @@ def _parser() -> argparse.ArgumentParser:
 
   status = sub.add_parser('status', help='the newest committed checkpoint and how the last run ended, in two lines')
   status.add_argument('job_log_dir')
+  status.add_argument('--wait_for_checkpoint', type=int, default=None, metavar='STEP',
+                      help='first wait until a checkpoint of STEP or later is committed (exit 1 when the run ends '
+                      'first, or after --timeout_secs)')
+  status.add_argument('--timeout_secs', type=float, default=600.0, help='with --wait_for_checkpoint (default 600)')
 
   report = sub.add_parser('report', help='checkpoint timeline and figures of a job')
   report.add_argument('job_log_dir')
@@ -58,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
       return 2
   if args.command == 'status':
     from pax_autockpt.tools import status  # pylint: disable=g-import-not-at-top
-    return status.run(args.job_log_dir)
+    return status.run(args.job_log_dir, args.wait_for_checkpoint, args.timeout_secs)
   if args.command == 'report':
     from pax_autockpt.tools import report  # pylint: disable=g-import-not-at-top  (matplotlib)
     return report.run(args.job_log_dir, mtbf_hours=args.mtbf_hours, plot_path=args.plot,

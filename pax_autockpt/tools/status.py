@@ -2,10 +2,14 @@
 (what the same command would resume from) and how the last run ended — and a third between them where
 the job uses a local tier (host 0's newest local step). Local disk or gs://; reads only
 the checkpoint listing and host 0's event log, so it answers while the job runs.
+
+`--wait_for_checkpoint STEP` first waits until a checkpoint of STEP or later is committed (a script's
+"let it train a while, then preempt it"): exit 1 with one line when the job's run ends first, or on timeout.
 """
 
 import datetime
 import sys
+import time
 
 from etils import epath
 
@@ -19,21 +23,34 @@ def _when(t: float) -> str:
   return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')
 
 
-def checkpoint_line(job_log_dir: str) -> str:
+def checkpoint_line(job_log_dir: str, finished: bool = False) -> str:
   steps = layout.committed_steps(layout.checkpoint_dir(job_log_dir))
   if not steps:
     return 'newest committed checkpoint: none (the same command starts fresh)'
-  return (f'newest committed checkpoint: step {steps[-1]}, which the same command resumes from ({len(steps)} '
-          f'committed: {layout.newest_steps_text(steps, 5)})')
+  resumes = '' if finished else ', which the same command resumes from'
+  return (f'newest committed checkpoint: step {steps[-1]}{resumes} ({len(steps)} committed: '
+          f'{layout.newest_steps_text(steps, 5)})')
+
+
+def last_run(job_log_dir: str) -> list[dict]:
+  """Host 0's newest run: its `start` event and every later one (empty: no run recorded)."""
+  evs = events_lib.read(job_log_dir, 0)
+  starts = [i for i, e in enumerate(evs) if e['event'] == 'start']
+  return evs[starts[-1]:] if starts else []
+
+
+def finished(run: list[dict]) -> bool:
+  """The run trained to its last step: exit 0 without a preemption (an exit code configured to 0 for
+  preemptions is not a finished job)."""
+  kinds = [e['event'] for e in run]
+  return bool(run) and 'preemption' not in kinds and any(e['event'] == 'exit' and e['code'] == 0 for e in run)
 
 
 def run_line(job_log_dir: str) -> str:
   """How host 0's newest run ended, from its `start` and `exit` events."""
-  evs = events_lib.read(job_log_dir, 0)
-  starts = [i for i, e in enumerate(evs) if e['event'] == 'start']
-  if not starts:
+  run = last_run(job_log_dir)
+  if not run:
     return 'last run: none recorded'
-  run = evs[starts[-1]:]
   restored = run[0].get('restored_step')
   tier = ' of the local tier' if run[0].get('restored_from') == 'local' else ''
   began = f'last run (started {_when(run[0]["t"])}, {"fresh" if restored is None else f"from step {restored}{tier}"})'
@@ -44,7 +61,8 @@ def run_line(job_log_dir: str) -> str:
   how = _ENDINGS.get(code, 'preempted (on-demand checkpoint committed)' if code >= 128 else 'ended')
   preemption = next((e for e in reversed(run) if e['event'] == 'preemption'), None)
   signal = f' by {preemption["signal"]}' if preemption and preemption.get('signal') and code >= 128 else ''
-  return f'{began}: {how}{signal} at step {ended.get("step")}, exit {code}, {_when(ended["t"])}'
+  done = '; rerunning the same command trains nothing' if finished(run) else ''
+  return f'{began}: {how}{signal} at step {ended.get("step")}, exit {code}, {_when(ended["t"])}{done}'
 
 
 def local_line(job_log_dir: str) -> str | None:
@@ -58,11 +76,33 @@ def local_line(job_log_dir: str) -> str | None:
   return f'local tier: step {step} committed on host 0 at {_when(local[-1]["t"])}{newer}'
 
 
-def run(job_log_dir: str) -> int:
+def wait_for_checkpoint(job_log_dir: str, step: int, timeout_secs: float, poll_secs: float = 0.5) -> str | None:
+  """Returns once a checkpoint of `step` or later is committed (None), or why it will not be."""
+  began = time.time()
+  while True:
+    if epath.Path(job_log_dir).exists():
+      newest = layout.newest_committed(layout.checkpoint_dir(job_log_dir))
+      if newest is not None and newest >= step:
+        return None
+      ended = [e for e in last_run(job_log_dir) if e['event'] == 'exit' and e['t'] >= began]
+      if ended:
+        return (f'the run ended (exit {ended[-1]["code"]} at step {ended[-1].get("step")}) before a checkpoint of step '
+                f'{step} or later was committed')
+    if time.time() - began > timeout_secs:
+      return f'no checkpoint of step {step} or later committed within {timeout_secs:g} s (--timeout_secs)'
+    time.sleep(poll_secs)
+
+
+def run(job_log_dir: str, wait_for: int | None = None, timeout_secs: float = 600.0) -> int:
+  if wait_for is not None:
+    why = wait_for_checkpoint(job_log_dir, wait_for, timeout_secs)
+    if why:
+      print(f'status: error: {why}', file=sys.stderr)
+      return 1
   if not epath.Path(job_log_dir).exists():
     print(f'status: error: {job_log_dir} does not exist', file=sys.stderr)
     return 2
-  print(checkpoint_line(job_log_dir))
+  print(checkpoint_line(job_log_dir, finished(last_run(job_log_dir))))
   local = local_line(job_log_dir)
   if local:
     print(local)
