@@ -13,7 +13,11 @@ and the --autockpt_* flags of pax_autockpt.settings.
 # checks that need no paxml fail fast.
 import sys  # pylint: disable=g-bad-import-order
 
-from pax_autockpt import precheck
+from pax_autockpt import environment  # pylint: disable=g-bad-import-order
+
+environment.require()  # one line, not a traceback, from an interpreter without paxml's environment
+
+from pax_autockpt import precheck  # pylint: disable=g-import-not-at-top,wrong-import-position
 from pax_autockpt import settings as settings_lib
 from pax_autockpt import signals
 

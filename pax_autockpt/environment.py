@@ -1,0 +1,33 @@
+"""Whether this interpreter can run pax-autockpt at all, answered in one line before anything imports.
+
+`python3 -m pax_autockpt.main` typed in the clone imports this package from the working directory with
+whatever `python3` is first on PATH; without paxml's environment it used to end in a traceback
+(`No module named 'absl'`). Standard library only, so that it runs where nothing else would.
+"""
+
+import importlib.util
+import os
+import sys
+
+# What every entry point imports first (absl, etils); paxml for training. Found, not imported: ~1 ms.
+NEEDED = ('absl', 'etils', 'paxml')
+
+
+def problem(needed: tuple[str, ...] = NEEDED) -> str | None:
+  """Why this interpreter cannot run pax-autockpt, in one line with the fix; None when it can."""
+  missing = [name for name in needed if importlib.util.find_spec(name) is None]
+  version = '.'.join(map(str, sys.version_info[:2]))
+  if not missing and sys.version_info[:2] == (3, 10):
+    return None
+  venv = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), '.venv', 'bin')
+  what = f'lacks {", ".join(missing)}' if missing else f'is Python {version} (paxml 1.4.0 needs 3.10)'
+  return (f'this Python ({sys.executable}, {version}) {what}: run pax-autockpt with the environment `make venv` '
+          f'creates: `source {venv}/activate` once per shell, or `{venv}/python -m pax_autockpt.main ...`')
+
+
+def require(needed: tuple[str, ...] = NEEDED) -> None:
+  """Exit 2 with one line where this interpreter cannot run pax-autockpt."""
+  why = problem(needed)
+  if why:
+    print(f'error: {why}', file=sys.stderr, flush=True)
+    sys.exit(2)
