@@ -25,6 +25,14 @@ def problem(needed: tuple[str, ...] = NEEDED) -> str | None:
           f'creates: `source {venv}/activate` once per shell, or `{venv}/python -m pax_autockpt.main ...`')
 
 
+def command(script: str) -> str:
+  """`script` of this interpreter's environment (`pax-autockpt`, `python`) as a shell runs it when pasted
+  in the current directory: `.venv/bin/pax-autockpt` in the clone, whether or not the venv is activated."""
+  path = os.path.join(os.path.dirname(sys.executable), script)
+  relative = os.path.relpath(path)
+  return relative if not relative.startswith('..') and os.sep in relative else path
+
+
 def require(needed: tuple[str, ...] = NEEDED) -> None:
   """Exit 2 with one line where this interpreter cannot run pax-autockpt."""
   why = problem(needed)

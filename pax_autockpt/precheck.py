@@ -11,6 +11,7 @@ paxml is imported, and without the --autockpt_* flags.
 import difflib
 import os
 
+from pax_autockpt import environment
 from pax_autockpt import experiment_names
 from pax_autockpt import hosts
 from pax_autockpt import settings as settings_lib
@@ -99,7 +100,8 @@ def given(argv: list[str]) -> dict[str, str] | None:
 def unknown_flag(name: str, known: list[str]) -> str:
   """The one line for a flag nobody defines, with the closest `known` name (or its --no form)."""
   close = difflib.get_close_matches(name, known + [f'no{k}' for k in known], n=1, cutoff=0.75)
-  hint = f'did you mean --{close[0]}?' if close else 'python -m pax_autockpt.main --help lists the flags'
+  hint = (f'did you mean --{close[0]}?' if close else
+          f'{environment.command("python")} -m pax_autockpt.main --help lists the flags')
   return f'unknown flag --{name}: {hint}'
 
 

@@ -36,7 +36,7 @@ def _readme_sample() -> list[str]:
 
 def _shape(line: str) -> str:
   """A line with its figures and the job directory masked: what must match, whatever a run measured."""
-  line = re.sub(r'(pax-autockpt report) \S+$', r'\1 JOB_LOG_DIR', line)
+  line = re.sub(r'(?:\S*/)?(\.venv/bin/pax-autockpt report) \S+$', r'\1 JOB_LOG_DIR', line)
   return re.sub(r'\d+(\.\d+)?', 'N', line)
 
 

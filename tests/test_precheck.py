@@ -27,7 +27,7 @@ def _error(*args: str) -> str:
     ('--autockpt_keep_lastest=3', 'unknown flag --autockpt_keep_lastest: did you mean --autockpt_keep_latest?'),
     ('--noautockpt_checksum', 'unknown flag --noautockpt_checksum: did you mean --noautockpt_checksums?'),
     ('--autockpt_exit_cod', 'unknown flag --autockpt_exit_cod: did you mean --autockpt_exit_code?'),
-    ('--autockpt_zzz=1', 'unknown flag --autockpt_zzz: python -m pax_autockpt.main --help lists the flags'),
+    ('--autockpt_zzz=1', 'unknown flag --autockpt_zzz: .venv/bin/python -m pax_autockpt.main --help lists the flags'),
 ])
 def test_an_unknown_autockpt_flag_names_the_closest(flag, expected):
   assert _error(TINY, JOB, flag) == expected
