@@ -31,11 +31,3 @@ def command(script: str) -> str:
   path = os.path.join(os.path.dirname(sys.executable), script)
   relative = os.path.relpath(path)
   return relative if not relative.startswith('..') and os.sep in relative else path
-
-
-def require(needed: tuple[str, ...] = NEEDED) -> None:
-  """Exit 2 with one line where this interpreter cannot run pax-autockpt."""
-  why = problem(needed)
-  if why:
-    print(f'error: {why}', file=sys.stderr, flush=True)
-    sys.exit(2)

@@ -5,6 +5,7 @@ import fcntl
 import os
 import signal
 import tempfile
+import time
 
 import pytest
 
@@ -58,7 +59,10 @@ def tb_scalars(job_log_dir) -> dict[str, list[tuple[int, float]]]:
 
 
 def reset_signals() -> None:
-  """No signal recorded, no Ctrl-C watcher: pytest's own SIGINT handling again."""
+  """No signal recorded, no Ctrl-C watcher: pytest's own SIGINT handling again. The watcher thread records
+  a SIGTERM from the wakeup fd, milliseconds after it arrived: a signal an earlier test sent is let land
+  first (else it was recorded after this reset, and the next test's watcher agreed at once: seen once)."""
+  time.sleep(0.1)
   signals.uninstall_interrupt()
   signals._received.clear()  # pylint: disable=protected-access
   signals._state.update(interrupts=0, publish=None, forwarded=False, xla=None,  # pylint: disable=protected-access

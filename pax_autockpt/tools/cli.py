@@ -5,10 +5,6 @@ import sys
 
 from pax_autockpt import environment
 
-environment.require()  # `python3 -m pax_autockpt.tools.cli` outside the environment: one line, exit 2
-
-from pax_autockpt.tools import launcher  # noqa: E402  pylint: disable=g-import-not-at-top
-
 
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog='pax-autockpt', description=__doc__)
@@ -53,8 +49,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+  why = environment.problem()
+  if why:  # `python3 -m pax_autockpt.tools.cli` outside the environment: one line, not a traceback
+    print(f'error: {why}', file=sys.stderr)
+    return 2
   args = _parser().parse_args(argv)
   if args.command == 'launch':
+    from pax_autockpt.tools import launcher  # pylint: disable=g-import-not-at-top  (yaml)
     rest = args.args[1:] if args.args[:1] == ['--'] else args.args
     cfg = launcher.LaunchConfig(num_hosts=args.num_hosts, num_slices=args.num_slices, port=args.port,
                                 preempt_after=args.preempt_after, preempt_host=args.preempt_host,

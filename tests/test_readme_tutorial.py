@@ -1,0 +1,56 @@
+"""The README's "Try it on a CPU in ten minutes", run as written: its fenced bash blocks in one shell, in the
+clone, with the environment a user's shell has (no test settings), only the scratch directory moved into
+the test's own. What is checked is what the README says happens: SIGTERM -> 143 and a resume from the
+agreed step, kill -9 -> 137 and a restore of the newest local step past the job directory's 1000, a finished
+job, a report with its plot, every checkpoint verified, and the end identical to an uninterrupted run."""
+
+import os
+import re
+import subprocess
+
+import pytest
+
+from tests.conftest import events_of
+
+pytestmark = pytest.mark.e2e
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SECTION = '## Try it on a CPU in ten minutes'
+SCRATCH = 'TRY=/tmp/autockpt-try;'
+
+
+def tutorial_script() -> str:
+  """The section's bash blocks, in order, as one script."""
+  with open(os.path.join(ROOT, 'README.md')) as f:
+    text = f.read()
+  section = text.split(SECTION, 1)[1].split('\n## ', 1)[0]
+  blocks = re.findall(r'^```bash\n(.*?)^```$', section, flags=re.S | re.M)
+  assert len(blocks) >= 4 and SCRATCH in blocks[0], 'README: the CPU section lost its bash blocks or its TRY= line'
+  return '\n'.join(blocks)
+
+
+def user_env() -> dict[str, str]:
+  """This process's environment less what the test suite sets for itself (TensorFlow's gs:// caches off, the
+  shared compilation cache,
+  pytest's own variables): a user's shell has TensorFlow's defaults."""
+  return {k: v for k, v in os.environ.items()
+          if not k.startswith(('GCS_', 'PYTEST_', 'JAX_COMPILATION_CACHE', 'JAX_PERSISTENT_CACHE'))}
+
+
+def test_the_readme_cpu_tutorial_runs_as_written(tmp_path):
+  script = tutorial_script().replace(SCRATCH, f'TRY={tmp_path};')
+  out = subprocess.run(['bash', '-c', script], cwd=ROOT, env=user_env(), capture_output=True, text=True,
+                       timeout=900, check=False)
+  text = out.stdout + out.stderr
+  job = str(tmp_path / 'job')
+  starts = events_of(job, 'start')
+  assert [line for line in text.splitlines() if line.startswith('run ')] == [
+      'run 1: exit 143', 'run 2: exit 137', 'run 3: exit 0'], text[-3000:]
+  on_demand = events_of(job, 'preemption')[0]['step']
+  assert 500 <= on_demand < 1000 and starts[1]['restored_step'] == on_demand, starts
+  assert starts[2]['restored_from'] == 'local' and starts[2]['restored_step'] > 1000, starts
+  assert re.search(r'\[autockpt\] local step 1\d\d\d restored in ', text), text[-3000:]
+  assert 'finished at step 2000, exit 0' in text and 'rerunning the same command trains nothing' in text
+  assert 'restarts: 2 (restored steps: none, ' in text and (tmp_path / 'timeline.png').stat().st_size > 0
+  assert re.search(r'^step 2000: ok \(', text, re.M) and 'DAMAGED' not in text, text[-3000:]
+  assert re.search(r'^step 2000: identical to .*uninterrupted', text, re.M), text[-3000:]
