@@ -310,7 +310,7 @@ class AutockptCheckpointer:
       self._inner.save_final(step, **state)  # Pax builds its items; orbax's save() takes the snapshot
     except Exception as e:  # pylint: disable=broad-except
       logging.error('[autockpt] %s save of step %d failed to start (%s); the newest committed checkpoint '
-                    'is %s.', reason, step, failures.one_line(e), self.newest_committed())
+                    'is %s.', reason, step, failures.one_line(e), layout.step_text(self.newest_committed()))
       self._forget(step)
       return
     blocking, nbytes = time.time() - start, self._background.captured_bytes
@@ -339,8 +339,8 @@ class AutockptCheckpointer:
     if error is None and layout.is_committed(self._step_dir(step)):
       self._committed(step, start, **save)
       return
-    logging.error('[autockpt] save of step %d failed to commit (%s); the newest committed checkpoint is %s.',
-                  step, failures.one_line(error) if error else 'not committed', self.newest_committed())
+    logging.error('[autockpt] save of step %d failed to commit (%s); the newest committed checkpoint is %s.', step,
+                  failures.one_line(error) if error else 'not committed', layout.step_text(self.newest_committed()))
     self._forget(step)
     if self._lineage is not None:
       self._lineage.save_failed(step)

@@ -74,7 +74,7 @@ class AutockptExecutor(executors.DefaultExecutor):
       self._exit(1, self._checkpointer.last_step,
                  f'training stopped at step {self._checkpointer.last_step}, the disk is full '
                  f'({failures.one_line(e)}); the newest committed checkpoint is '
-                 f'{self._checkpointer.newest_committed()}; exiting 1.', error=True)
+                 f'{layout.step_text(self._checkpointer.newest_committed())}; exiting 1.', error=True)
     self._summary(0)
     self._events.write('exit', code=0, step=self._checkpointer.last_step)
     self._events.flush()
@@ -87,7 +87,7 @@ class AutockptExecutor(executors.DefaultExecutor):
     rerun = '' if newest is None or code == 0 else f'; rerunning the same command resumes from step {newest}'
     listed = f' ({layout.newest_steps_text(saved, 6)})' if saved else ''
     logging.info('[autockpt] run summary: trained steps %s to %s, %d checkpoint(s) committed%s, newest committed '
-                 '%s; exit %d%s.', first, last, len(saved), listed, newest, code, rerun)
+                 '%s; exit %d%s.', first, last, len(saved), listed, layout.step_text(newest), code, rerun)
 
   def _exit(self, code: int, step: int | None, message: str, error: bool = False) -> None:
     (logging.error if error else logging.info)('[autockpt] %s', message)

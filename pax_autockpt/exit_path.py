@@ -90,7 +90,7 @@ class ExitPath:
     unbacked = self._restorer.unbacked_step
     if unbacked is not None:
       logging.info('[autockpt] The restored local step %d is not in the job directory (newest there: %s): saving '
-                   'it there before exiting.', unbacked, self._restorer.local_agreed_newest)
+                   'it there before exiting.', unbacked, layout.step_text(self._restorer.local_agreed_newest))
       self.on_preemption(step, state)
     deadline = self._deadline()
     newest = self._exit_step = self._newest_committed()
@@ -121,7 +121,7 @@ class ExitPath:
         logging.info('[autockpt] Step %d: %s (%s).', step, _PLAN_WORDS[exit_plan.action], exit_plan.why)
     if exit_plan.action == grace.GIVE_UP:
       raise outcomes.SaveFailed(step, f'No time left to save step {step} ({exit_plan.why}); the newest committed '
-                                f'checkpoint is {self._newest_committed()}')
+                                f'checkpoint is {layout.step_text(self._newest_committed())}')
     if exit_plan.action == grace.SAVE:
       self._save_unless_committed(step, 'preemption', state, last=True, deadline=deadline)
     self._exit_once_committed(saved, deadline, agreed=step)
@@ -186,7 +186,7 @@ class ExitPath:
     if self._saving and not layout.is_committed(self._step_dir(step)):
       why = 'did not commit within the grace period' if not finished else 'failed to commit'
       raise outcomes.SaveFailed(agreed, f'On-demand checkpoint of step {step} {why}; the newest committed '
-                                f'checkpoint is {self._newest_committed()}')
+                                f'checkpoint is {layout.step_text(self._newest_committed())}')
     what = (f'On-demand checkpoint of step {step} committed' if step == agreed else
             f'Checkpoint of step {step} committed (no time to save step {agreed} as well)')
     raise outcomes.Preempted(agreed, what, signal=self._preemption.signal_name)

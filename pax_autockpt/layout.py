@@ -103,6 +103,11 @@ def newest_committed(ckpt_dir: epath.PathLike) -> int | None:
   return next((s for s, p in _step_dirs(epath.Path(ckpt_dir)) if is_committed(p)), None)
 
 
+def step_text(step: int | None) -> str:
+  """A step for a log line: its number, or 'none' (never Python's `None`)."""
+  return 'none' if step is None else str(step)
+
+
 def newest_steps_text(steps: list[int], most: int) -> str:
   """The newest `most` of `steps` (oldest first) for a one-line message, '..., ' before them when cut."""
   shown = ', '.join(map(str, steps[-most:]))

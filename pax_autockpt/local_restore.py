@@ -189,8 +189,8 @@ class LocalRestore:
     if self._host in plan.filled.values():
       _release(client, f'{prefix}{self._host}')  # every receiver is done with it
     if failed is not None:
-      logging.warning('[autockpt] local step %d could not be copied from a peer (%s): restoring from the bucket.',
-                      plan.step, failed)
+      logging.warning('[autockpt] local step %d could not be copied from a peer (%s): restoring from the job '
+                      'directory.', plan.step, failed)
     return failed is None
 
   def _publish(self, client: Any, prefix: str, step: int) -> None:

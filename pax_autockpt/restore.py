@@ -263,7 +263,7 @@ class Restorer:
   def _bucket_instead(self, step: int, found: Finding) -> None:
     """A local step failed to restore on some host: every host goes to the bucket's newest checkpoint
     (the local copy stays where it is; the next local commits prune it)."""
-    logging.warning('[autockpt] local step %d could not be restored (%s); restoring from the bucket instead.',
+    logging.warning('[autockpt] local step %d could not be restored (%s); restoring from the job directory instead.',
                     step, found.reason)
     self._events.write('local_restore_failed', step=step, kind=found.kind.value, error=found.reason,
                        seen_by=found.host)

@@ -197,6 +197,7 @@ def test_sigterm_before_first_step_exits_143_at_once_with_nothing_to_save(jobs, 
   assert checkpoint_steps(job_dir) == ([], [])
   assert 'Nothing trained yet, and no checkpoint when the signal came: nothing to save (SIGTERM); exiting 143.' in \
       job.log()
+  assert '0 checkpoint(s) committed, newest committed none; exit 143.' in job.log()  # words, not Python's None
 
 
 def _assert_nothing_trained_nothing_saved(job, job_dir, *, restored, sent) -> float:

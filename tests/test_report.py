@@ -3,6 +3,7 @@
 import io
 import json
 import math
+import os
 
 import pytest
 
@@ -132,6 +133,8 @@ def test_preempted_run_and_restart(tmp_path):
   assert restart.downtime_s == pytest.approx(16.1)
   assert restart.startup_s == pytest.approx(2.0)
   assert r.restart_cost_s == pytest.approx(18.1)
+  # The intervals are those within a run: 1234 -> 1300 spans the restart's downtime (25.2 s), counted in R.
+  assert r.interval_s.max == pytest.approx(10.0) and r.interval_steps.n == 14
   assert r.deletions == 1 and r.deletions_by_policy == {'keep_latest': 1}
   # delta excludes the preemption save.
   assert r.save_cost_s == pytest.approx(0.5)
@@ -141,6 +144,9 @@ def test_preempted_run_and_restart(tmp_path):
   assert 'restarts: 1 (restored steps: none, 1234)' in text
   assert 'hosts: 1, started 2 times' in text  # not 'hosts: 1, 1 declared (starts per host 0:2)'
   assert 'save blocking ms mean/p50/p90/max: ' in text and 'save duration s mean/p50/p90/max: ' in text
+  assert ("restart cost R: 18.1 s per restart (the mean over 1 restart: from the last event of a run to the next "
+          "run's first save, less the time it spent training before that save)") in text
+  assert "(between checkpoints of one run; a restart's downtime is in R)" in text
 
 
 def test_blocking_under_a_second_reads_in_ms_and_hosts_in_words(tmp_path):
@@ -307,7 +313,8 @@ def test_text_run(tmp_path):
   out = io.StringIO()
   assert report.run(single_run(tmp_path), out=out) == 0
   assert 'interval P50/P90: 100/100 steps' in out.getvalue()
-  assert 'goodput: pass --mtbf_hours' in out.getvalue()
+  assert ('goodput: not computed; give --mtbf_hours H, the hours between failures you expect (from this job: save '
+          'cost 0.5 s, interval 10.0 s, R 0 s)') in out.getvalue()
 
 
 def test_plot_multi_run_two_hosts(tmp_path):
@@ -441,8 +448,8 @@ def test_local_tier_commits_and_the_tier_each_restart_restored_with_steps_lost_t
   assert r.local.interval_s.p50 == pytest.approx(1.0) and r.local.duration_s.max == pytest.approx(0.06)
   assert r.restart_details[0].restored_step == 520 and r.restart_details[0].steps_lost == 0
   text = report.text.format_text(r)
-  assert ('local tier: 6 saves committed, interval P50/P90 1.00/1.00 s, duration P50 0.035 s; runs restored from: '
-          'fresh, local, bucket') in text
+  assert ('local tier: 6 saves committed, interval P50/P90 1.00/1.00 s, duration P50 0.035 s; each run started from: '
+          'fresh, the local tier, the job directory') in text
   assert 'local tier' not in report.text.format_text(report.load(single_run(tmp_path / 'other')))
 
 
@@ -468,3 +475,16 @@ def test_local_tier_summaries_count_every_commit_they_stand_for(tmp_path):
   r = report.load(job.write())
   assert r.local.saves_committed == 91
   assert (r.local.interval_s.p50, r.local.interval_s.max) == (pytest.approx(1.0), pytest.approx(2.0))
+
+
+def test_the_legend_in_help_and_in_docs_names_every_line_of_the_report(tmp_path):
+  """`report --help` and docs/report.md explain each line the report prints, from one table."""
+  from pax_autockpt.tools import cli  # pylint: disable=g-import-not-at-top
+  from pax_autockpt.tools import report_legend  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), 'docs', 'report.md')) as f:
+    assert report_legend.legend_markdown() in f.read(), 'docs/report.md: paste report_legend.legend_markdown()'
+  lines = report.format_text(report.load(preempted_then_restarted(tmp_path)), mtbf_hours=1).splitlines()
+  labels = tuple(name.strip() for label, _ in report_legend.LEGEND for name in label.split(','))
+  assert [line for line in lines if not line.startswith(labels)] == []
+  with pytest.raises(SystemExit):
+    cli.main(['report', '--help'])

@@ -4,6 +4,7 @@ import argparse
 import sys
 
 from pax_autockpt import environment
+from pax_autockpt.tools import report_legend
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -22,18 +23,20 @@ def _parser() -> argparse.ArgumentParser:
   launch.add_argument('args', nargs=argparse.REMAINDER,
                       help='-- then the pax_autockpt.main flags (--exp, --job_log_dir, ...)')
 
-  status = sub.add_parser('status', help='the newest committed checkpoint and how the last run ended, in two lines')
+  status = sub.add_parser('status', help='the newest committed checkpoint and how the last run ended')
   status.add_argument('job_log_dir')
   status.add_argument('--wait_for_checkpoint', type=int, default=None, metavar='STEP',
                       help='first wait until a checkpoint of STEP or later is committed (exit 1 when the run ends '
                       'first, or after --timeout_secs)')
   status.add_argument('--timeout_secs', type=float, default=600.0, help='with --wait_for_checkpoint (default 600)')
 
-  report = sub.add_parser('report', help='checkpoint timeline and figures of a job')
+  report = sub.add_parser('report', help='checkpoint timeline and figures of a job', epilog=report_legend.legend_text(),
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
   report.add_argument('job_log_dir')
-  report.add_argument('--mtbf_hours', type=float, default=None)
-  report.add_argument('--plot', default=None, metavar='FILE.png')
-  report.add_argument('--json', action='store_true')
+  report.add_argument('--mtbf_hours', type=float, default=None,
+                      help='the mean time between failures you expect, in hours: adds the goodput line')
+  report.add_argument('--plot', default=None, metavar='FILE.png', help='also draw the checkpoint timeline')
+  report.add_argument('--json', action='store_true', help='the figures as JSON instead of lines')
 
   verify = sub.add_parser('verify', help='check committed checkpoints against their content manifests')
   verify.add_argument('job_log_dir')

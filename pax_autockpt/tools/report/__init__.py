@@ -44,6 +44,7 @@ import json
 import sys
 from typing import TextIO
 
+from pax_autockpt.tools import report_legend
 from pax_autockpt.tools.report import loader
 from pax_autockpt.tools.report import model
 from pax_autockpt.tools.report import text
@@ -95,8 +96,9 @@ def run(job_log_dir: str, *, mtbf_hours: float | None = None, plot_path: str | N
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog='pax-autockpt report',
-                                   description='Checkpoint timeline and figures of a job.')
+  parser = argparse.ArgumentParser(prog='pax-autockpt report', description='Checkpoint timeline and figures of a job.',
+                                   epilog=report_legend.legend_text(),
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('job_log_dir')
   parser.add_argument('--mtbf_hours', type=float, default=None)
   parser.add_argument('--plot', default=None, metavar='FILE.png')

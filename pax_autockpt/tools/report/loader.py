@@ -233,12 +233,13 @@ def _cost_stats(started: list[model.Save], committed: list[model.Save],
 
 
 def _intervals(committed: list[model.Save]) -> tuple[model.Stats, model.Stats, float | None]:
-  """Steps and seconds between consecutive committed saves across restarts, and the median
-  seconds per step measured between saves of one run."""
+  """Steps and seconds between consecutive committed saves of one run, and the median seconds per step
+  measured there. A pair across a restart is left out: its seconds would count the downtime, which the
+  restart cost R counts (and its steps, a preemption's off-interval step, are no interval either)."""
   isteps, isecs, rates = [], [], []
   for a, b in zip(committed, committed[1:]):
     ds = b.step - a.step
-    if ds <= 0:
+    if ds <= 0 or a.run != b.run:
       continue
     if a.t is not None and b.t is not None:
       dt = b.t - a.t
@@ -248,7 +249,7 @@ def _intervals(committed: list[model.Save]) -> tuple[model.Stats, model.Stats, f
     isteps.append(ds)
     if dt is not None:
       isecs.append(dt)
-      if a.run == b.run and dt > 0:
+      if dt > 0:
         rates.append(dt / ds)
   return model.Stats.of(isteps), model.Stats.of(isecs), values.median(rates)
 
@@ -428,11 +429,11 @@ def _restart_cost(restarts: list[model.Restart],
   """Goodput's R (mean over the restarts whose cost is known) and a note on how it was measured."""
   known = [r.cost_s for r in restarts if r.cost_s is not None]
   if not known:
-    return 0.0, ('no restart observed: R = 0' if not restarts else 'restart cost unknown: R = 0')
-  note = (f'mean over {len(known)} restart(s) of downtime (last event -> next start) + '
-          'startup (start -> first save, less the steps trained at the median s/step)')
+    return 0.0, ('no restart yet, counted as 0' if not restarts else 'not measurable, counted as 0')
+  note = (f'the mean over {len(known)} restart{"s" if len(known) > 1 else ""}: from the last event of a run to the '
+          'next run\'s first save, less the time it spent training before that save')
   if seconds_per_step is None:
-    note += '; startup not measurable, counted as 0'
+    note += '; the start-up after a restart not measurable, counted as 0'
   return sum(known) / len(known), note
 
 

@@ -71,9 +71,9 @@ def _save_lines(r: model.Report) -> list[str]:
     secs = ('n/a' if r.interval_s.p50 is None
             else f'{r.interval_s.p50:.1f}/{r.interval_s.p90:.1f} s')
     lines.append(f'interval P50/P90: {r.interval_steps.p50:.0f}/{r.interval_steps.p90:.0f} steps, '
-                 f'{secs}')
+                 f'{secs} (between checkpoints of one run; a restart\'s downtime is in R)')
   else:
-    lines.append('interval P50/P90: n/a (fewer than two committed saves)')
+    lines.append('interval P50/P90: n/a (fewer than two committed saves in one run)')
   return lines
 
 
@@ -141,15 +141,18 @@ def _local_lines(r: model.Report) -> list[str]:
     return []
   gaps = 'n/a' if t.interval_s.p50 is None else f'{t.interval_s.p50:.2f}/{t.interval_s.p90:.2f} s'
   took = 'n/a' if t.duration_s.p50 is None else f'{t.duration_s.p50:.3f} s'
-  tiers = ', '.join('fresh' if k is None else k for k in t.restored_from)
+  tiers = ', '.join(_TIERS.get(k, k) for k in t.restored_from)
   return [f'local tier: {t.saves_committed} saves committed, interval P50/P90 {gaps}, duration P50 {took}; '
-          f'runs restored from: {tiers}']
+          f'each run started from: {tiers}']
+
+
+_TIERS = {None: 'fresh', 'bucket': 'the job directory', 'local': 'the local tier'}
 
 
 def _goodput_line(r: model.Report, mtbf_hours: float | None) -> str:
   if mtbf_hours is None:
-    return (f'goodput: pass --mtbf_hours H (save cost {_fmt_s(r.save_cost_s)}, '
-            f'interval {_fmt_s(r.interval_p50_s)})')
+    return (f'goodput: not computed; give --mtbf_hours H, the hours between failures you expect (from this job: '
+            f'save cost {_fmt_s(r.save_cost_s)}, interval {_fmt_s(r.interval_p50_s)}, R {_fmt_s(r.restart_cost_s)})')
   g = young_daly.goodput(r, mtbf_hours)
   head = f'goodput @ MTBF {_fmt_num(g["mtbf_hours"], 1)} h: '
   if g['tau_opt_s'] is None:
@@ -181,7 +184,7 @@ def format_text(report: model.Report, mtbf_hours: float | None = None) -> str:
       *_exit_lines(r),
       *_storage_lines(r),
       *_local_lines(r),
-      f'restart cost R: {_fmt_s(r.restart_cost_s)} ({r.restart_cost_note})',
+      f'restart cost R: {_fmt_s(r.restart_cost_s)} per restart ({r.restart_cost_note})',
       _goodput_line(r, mtbf_hours),
       *_adaptive_lines(r),
   ])
