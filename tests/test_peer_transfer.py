@@ -1,0 +1,232 @@
+"""Peer transfer of a local step: a real server on 127.0.0.1 serving real local-tier files, fetched by the
+receiver into another folder (whole, refused, cut and resumed, damaged, from a list of donors, in bounded
+memory)."""
+
+import http.client
+import socket
+import tracemalloc
+import types
+
+import numpy as np
+import pytest
+
+from pax_autockpt import layout
+from pax_autockpt import lineage as lineage_lib
+from pax_autockpt import local_tier
+from pax_autockpt import peer_transfer
+
+SECRET = peer_transfer.new_secret()
+LINEAGE = lineage_lib.Lineage('job-a', 'run-1', base=None)
+REFUSED = 'peer transfer: refused a request from 127.0.0.1 without this job\'s secret'
+CUT = (3 << 20) // 2  # a cut server sends 1.5 MB of shards.bin: mid-shard, mid-buffer
+
+
+def _donor(folder, step, rows=8, cols=1024, parts=4):
+  """A committed local step of `folder`: a float32 (rows, cols) split in `parts` row shards, a scalar and a
+  zero-size array; returns the step directory."""
+  w = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols) + step
+  size = rows // parts
+  shards = {f'{i * size}:{(i + 1) * size},0:{cols}': w[i * size:(i + 1) * size] for i in range(parts)}
+  snapshot = local_tier.Snapshot({'w': ((rows, cols), 'float32', shards),
+                                  'step': ((), 'int32', {'': np.array(step, dtype=np.int32)}),
+                                  'empty': ((0,), 'float32', {'0:0': np.zeros(0, dtype=np.float32)})},
+                                 input_state=b'position 7')
+  partial, arrays = local_tier.write_part(folder, step, snapshot)
+  return local_tier.commit(partial, local_tier.index(step, 0, 2, local_tier.fingerprint_of(snapshot), arrays,
+                                                     {0: b'position 7', 1: None}, 1700000000.0, LINEAGE))
+
+
+def _server(folder, secret=SECRET, asked=None):
+  """A server offering `folder`'s committed local steps; `asked` collects the steps it was asked for."""
+  def offered(step):
+    if asked is not None:
+      asked.append(step)
+    return layout.local_step_dir(folder, step) if step in layout.local_committed_steps(folder) else None
+  return peer_transfer.PeerServer(offered, secret)
+
+
+def _get(address, path, headers=None):
+  connection = http.client.HTTPConnection(*address, timeout=10)
+  try:
+    connection.request('GET', path, headers=headers or {})
+    response = connection.getresponse()
+    return response.status, dict(response.getheaders()), response.read()
+  finally:
+    connection.close()
+
+
+def _closed_port():
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def _same_files(a, b):
+  for name in (layout.LOCAL_INDEX, layout.LOCAL_SHARDS):
+    assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+@pytest.fixture
+def served(monkeypatch):
+  """What the servers stream: (port, path, Range header, bytes sent) per file; a server whose port is in
+  `cut` sends only CUT bytes of shards.bin, then closes the connection (a donor that died mid-transfer)."""
+  record = types.SimpleNamespace(sent=[], cut=set())
+  stream = peer_transfer._Handler._stream
+
+  def cut_stream(self, f, length):
+    port = self.server.server_address[1]
+    if port in record.cut and self.path.endswith(layout.LOCAL_SHARDS):
+      length = min(length, CUT)
+    record.sent.append((port, self.path, self.headers.get('Range'), length))
+    stream(self, f, length)
+
+  monkeypatch.setattr(peer_transfer._Handler, '_stream', cut_stream)
+  return record
+
+
+def test_a_step_fetched_whole_is_byte_identical_and_reads_back(tmp_path):
+  donor = _donor(tmp_path / 'donor', 5)
+  with _server(tmp_path / 'donor') as server:
+    host, port = server.address
+    assert host == '127.0.0.1' and port > 0
+    got = peer_transfer.fetch_step((host, port), SECRET, 5, tmp_path / 'receiver')
+  assert got == layout.local_step_dir(tmp_path / 'receiver', 5)
+  _same_files(donor, got)
+  found = local_tier.read_index(got)
+  shards = local_tier.read_shards(got, found)
+  assert shards['w']['2:4,0:1024'].tobytes() == local_tier.read_shards(donor, found)['w']['2:4,0:1024'].tobytes()
+  assert int(shards['step']['']) == 5 and shards['empty']['0:0'].shape == (0,)
+  assert local_tier.input_state(found, 0) == b'position 7'
+  assert layout.local_committed_steps(tmp_path / 'receiver') == [5]
+  assert layout.local_partials(tmp_path / 'receiver') == []
+
+
+def test_a_request_without_the_secret_or_with_a_wrong_one_gets_403_one_log_line_and_nothing_is_written(
+    tmp_path, caplog, capsys):
+  _donor(tmp_path / 'donor', 5)
+  with _server(tmp_path / 'donor') as server:
+    for headers in ({}, {peer_transfer.SECRET_HEADER: 'not-the-secret'}, {peer_transfer.SECRET_HEADER: ''}):
+      for path in ('/v1/steps/5/shards.bin', '/v1/steps/1/../../etc/passwd'):  # nothing said of a path either
+        caplog.clear()
+        status, _, body = _get(server.address, path, headers)
+        assert (status, body) == (403, b'')
+        assert [r.getMessage() for r in caplog.records] == [f'[autockpt] {REFUSED}']
+    caplog.clear()
+    with pytest.raises(peer_transfer.PeerRefused):
+      peer_transfer.fetch_step(server.address, 'another-jobs-secret', 5, tmp_path / 'receiver')
+    assert sum(REFUSED in r.getMessage() for r in caplog.records) == 1
+  assert not (tmp_path / 'receiver').exists()
+  assert 'GET' not in capsys.readouterr().err  # no access log
+
+
+def test_only_the_two_files_of_an_offered_step_are_served(tmp_path):
+  donor = _donor(tmp_path / 'donor', 1)
+  (donor / 'other.txt').write_text('not served')
+  (tmp_path / 'passwd').write_text('not served')
+  asked = []
+  with _server(tmp_path / 'donor', asked=asked) as server:
+    good = {peer_transfer.SECRET_HEADER: SECRET}
+    assert _get(server.address, '/v1/steps/1/index.json', good)[2] == (donor / layout.LOCAL_INDEX).read_bytes()
+    for path in ('/v1/steps/1/../../etc/passwd', '/v1/steps/1/../../../passwd', '/v1/steps/1/%2e%2e/%2e%2e/passwd',
+                 '/v1/steps/1/other.txt', '/v1/steps/2/index.json', '/v1/steps/-1/index.json',
+                 '/v1/steps/1/index.json/', '/v1/steps/1/index.json?x=1',
+                 '/v1/steps/1', '/'):
+      status, _, body = _get(server.address, path, good)
+      assert (status, body) == (404, b''), path
+  assert asked == [1, 2]  # only a number ever reaches the caller's choice
+
+
+def test_ranges_are_served_as_asked_and_one_past_the_end_is_416(tmp_path):
+  data = (_donor(tmp_path / 'donor', 1) / layout.LOCAL_SHARDS).read_bytes()
+  size = len(data)
+  with _server(tmp_path / 'donor') as server:
+    def get(asked):
+      return _get(server.address, '/v1/steps/1/shards.bin', {peer_transfer.SECRET_HEADER: SECRET, 'Range': asked})
+    status, headers, body = get('bytes=10-19')
+    assert (status, headers['Content-Range'], headers['Content-Length'], body) == (
+        206, f'bytes 10-19/{size}', '10', data[10:20])
+    status, headers, body = get(f'bytes={size - 5}-')
+    assert (status, headers['Content-Range'], body) == (206, f'bytes {size - 5}-{size - 1}/{size}', data[-5:])
+    status, headers, body = get(f'bytes={size}-')
+    assert (status, headers['Content-Range'], body) == (416, f'bytes */{size}', b'')
+
+
+def test_a_cut_transfer_leaves_the_partial_and_the_next_fetch_resumes_with_a_range(tmp_path, served):
+  donor = _donor(tmp_path / 'donor', 3, rows=16, cols=65536)  # 4 MB: four 1 MB shards
+  size = (donor / layout.LOCAL_SHARDS).stat().length
+  with _server(tmp_path / 'donor') as server:
+    served.cut.add(server.address[1])
+    with pytest.raises(peer_transfer.PeerUnavailable, match='closed at byte'):
+      peer_transfer.fetch_step(server.address, SECRET, 3, tmp_path / 'receiver')
+    partial = layout.local_partial_dir(tmp_path / 'receiver', 3) / layout.LOCAL_SHARDS
+    assert partial.stat().length == CUT
+    assert layout.local_committed_steps(tmp_path / 'receiver') == []
+    served.cut.clear()
+    served.sent.clear()
+    got = peer_transfer.fetch_step(server.address, SECRET, 3, tmp_path / 'receiver')
+  shards = [s for s in served.sent if s[1].endswith(layout.LOCAL_SHARDS)]
+  assert shards == [(server.address[1], '/v1/steps/3/shards.bin', f'bytes={CUT}-', size - CUT)]
+  _same_files(donor, got)
+  assert layout.local_partials(tmp_path / 'receiver') == []
+
+
+def test_a_partial_copy_that_does_not_match_the_index_is_fetched_whole(tmp_path, served):
+  donor = _donor(tmp_path / 'donor', 3, rows=16, cols=65536)
+  partial = layout.local_partial_dir(tmp_path / 'receiver', 3)
+  partial.mkdir(parents=True)
+  (partial / layout.LOCAL_SHARDS).write_bytes(b'\0' * (2 << 20))  # another save's bytes, or a crash's zeros
+  with _server(tmp_path / 'donor') as server:
+    got = peer_transfer.fetch_step(server.address, SECRET, 3, tmp_path / 'receiver')
+  assert [s[2] for s in served.sent if s[1].endswith(layout.LOCAL_SHARDS)] == [None]  # no Range: whole
+  _same_files(donor, got)
+
+
+def test_a_flipped_byte_in_the_donors_shards_is_damage_and_nothing_is_committed(tmp_path):
+  donor = _donor(tmp_path / 'donor', 5)
+  data = bytearray((donor / layout.LOCAL_SHARDS).read_bytes())
+  data[len(data) // 2] ^= 1
+  (donor / layout.LOCAL_SHARDS).write_bytes(bytes(data))
+  with _server(tmp_path / 'donor') as server:
+    with pytest.raises(local_tier.LocalDamage, match='shard 4:6,0:1024 does not match its digest'):
+      peer_transfer.fetch_step(server.address, SECRET, 5, tmp_path / 'receiver')
+  assert layout.local_committed_steps(tmp_path / 'receiver') == []
+  assert layout.local_partials(tmp_path / 'receiver') == []
+
+
+def test_a_changed_index_is_damage_before_any_shard_moves(tmp_path, served):
+  donor = _donor(tmp_path / 'donor', 5)
+  (donor / layout.LOCAL_INDEX).write_text((donor / layout.LOCAL_INDEX).read_text().replace('run-1', 'run-2'))
+  with _server(tmp_path / 'donor') as server:
+    with pytest.raises(local_tier.LocalDamage, match='does not match its digest'):
+      peer_transfer.fetch_step(server.address, SECRET, 5, tmp_path / 'receiver')
+  assert [s[1] for s in served.sent] == ['/v1/steps/5/index.json']
+  assert not (tmp_path / 'receiver').exists()
+
+
+def test_fetch_step_from_takes_the_next_donor_when_one_is_down_or_cut_and_resumes_its_partial(tmp_path, served):
+  donor = _donor(tmp_path / 'donor', 3, rows=16, cols=65536)
+  size = (donor / layout.LOCAL_SHARDS).stat().length
+  with pytest.raises(peer_transfer.PeerUnavailable, match='Connection refused'):
+    peer_transfer.fetch_step_from([('127.0.0.1', _closed_port())] * 2, SECRET, 3, tmp_path / 'receiver')
+  with _server(tmp_path / 'donor') as cut, _server(tmp_path / 'donor') as good:
+    served.cut.add(cut.address[1])
+    got = peer_transfer.fetch_step_from([('127.0.0.1', _closed_port()), cut.address, good.address], SECRET, 3,
+                                        tmp_path / 'receiver')
+  shards = [s for s in served.sent if s[1].endswith(layout.LOCAL_SHARDS)]
+  assert shards == [(cut.address[1], '/v1/steps/3/shards.bin', None, CUT),
+                    (good.address[1], '/v1/steps/3/shards.bin', f'bytes={CUT}-', size - CUT)]
+  _same_files(donor, got)
+
+
+def test_memory_stays_bounded_by_the_buffer_not_the_shares_size(tmp_path):
+  donor = _donor(tmp_path / 'donor', 9, rows=64, cols=1 << 18, parts=16)  # 64 MB: sixteen 4 MB shards
+  assert (donor / layout.LOCAL_SHARDS).stat().length == (64 << 20) + 4  # and the scalar
+  with _server(tmp_path / 'donor') as server:
+    tracemalloc.start()
+    try:
+      got = peer_transfer.fetch_step(server.address, SECRET, 9, tmp_path / 'receiver')
+      _, peak = tracemalloc.get_traced_memory()  # both ends: the server runs in this process
+    finally:
+      tracemalloc.stop()
+  assert peak < 8 << 20, peak
+  _same_files(donor, got)
