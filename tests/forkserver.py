@@ -261,6 +261,16 @@ _servers: dict[tuple, ForkServer] = {}
 _servers_lock = threading.Lock()
 
 
+# Set by tests/conftest.py for the test process's own checks (TensorFlow's gs:// caches off, so that it sees
+# other processes' writes at once); a user's job has TensorFlow's defaults, and so does every job started here.
+TEST_PROCESS_ONLY = ('GCS_STAT_CACHE_MAX_AGE', 'GCS_READ_CACHE_MAX_SIZE_MB')
+
+
+def users_env(env: dict[str, str] | None = None) -> dict[str, str]:
+  """`env` (default: this process's) as a user's shell would have it: without the test process's settings."""
+  return {k: v for k, v in (os.environ if env is None else env).items() if k not in TEST_PROCESS_ONLY}
+
+
 def server_for(env: dict[str, str]) -> ForkServer:
   """This process's server for `env` (variables read after the fork aside), started on first use."""
   key = tuple(sorted((k, v) for k, v in env.items() if not RUNTIME_VARIABLES.match(k)))
@@ -286,7 +296,7 @@ class ForkedJob(process.Job):
     self.argv = list(argv)
     self.log_path = log_path
     self.started = time.time()
-    env = dict(os.environ if env is None else env)
+    env = users_env(env)
     self.proc = server_for(env).start(argv[2], argv[3:], env=env, cwd=cwd or os.getcwd(), stdout=log_path,
                                       stderr=log_path)
 
@@ -295,7 +305,7 @@ def job(argv, log_path: str, env: dict[str, str] | None = None, cwd: str | None 
   """`process.Job(argv, ...)`, forked from a server when it runs `python -m pax_autockpt.main`."""
   if list(argv[:3]) == [sys.executable, '-m', MAIN]:
     return ForkedJob(argv, log_path, env=env, cwd=cwd)
-  return process.Job(argv, log_path, env=env, cwd=cwd)
+  return process.Job(argv, log_path, env=users_env(env), cwd=cwd)
 
 
 if __name__ == '__main__':

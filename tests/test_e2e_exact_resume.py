@@ -179,9 +179,9 @@ def test_two_hosts_on_gcs_stopped_and_resumed_end_identical_to_an_uninterrupted_
   resumed, uninterrupted = gcs.url('exact/resumed'), gcs.url('exact/uninterrupted')
 
   def launch(name, job_dir, *flags):
-    job = process.Job([sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', '--num_hosts=2', '--',
-                       f'--exp={TWO_HOSTS}', f'--job_log_dir={job_dir}', '--autockpt_notices=off', *flags],
-                      str(tmp_path / f'{name}.log'))
+    job = forkserver.job([sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', '--num_hosts=2', '--',
+                          f'--exp={TWO_HOSTS}', f'--job_log_dir={job_dir}', '--autockpt_notices=off', *flags],
+                         str(tmp_path / f'{name}.log'))
     jobs.append(job)
     return job
 

@@ -55,7 +55,7 @@ def _start(jobs, tmp_path, name, job_dir, *, fresh=True, env=None):
   argv = process.ours_argv(EXP, job_dir, '--autockpt_notices=off', f'--autockpt_local_dir={tmp_path}/local-{{host}}',
                            '--autockpt_local_min_interval_secs=0.2')
   log = str(tmp_path / f'{name}.log')
-  job = process.Job(argv, log, env=env) if fresh else forkserver.job(argv, log)
+  job = process.Job(argv, log, env=forkserver.users_env(env)) if fresh else forkserver.job(argv, log)
   jobs.append(job)
   return job
 

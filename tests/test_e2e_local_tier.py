@@ -100,9 +100,9 @@ def test_sigkill_one_host_resumes_from_the_newest_local_step_identical_to_an_uni
 
 
 def _launch(jobs, tmp_path, name, job_dir, *flags):
-  job = process.Job([sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', '--num_hosts=2', '--',
-                     f'--exp={TWO_HOSTS}', f'--job_log_dir={job_dir}', '--autockpt_notices=off', *flags],
-                    str(tmp_path / f'{name}.log'))
+  job = forkserver.job([sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', '--num_hosts=2', '--',
+                        f'--exp={TWO_HOSTS}', f'--job_log_dir={job_dir}', '--autockpt_notices=off', *flags],
+                       str(tmp_path / f'{name}.log'))
   jobs.append(job)
   return job
 
@@ -171,7 +171,7 @@ def test_four_hosts_in_two_slices_a_replaced_host_is_filled_by_the_same_host_of_
   job_dir = str(tmp_path / 'job')
   argv = [sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', '--num_hosts=4', '--num_slices=2', '--',
           f'--exp={TWO_HOSTS}', f'--job_log_dir={job_dir}', '--autockpt_notices=off', *_local_flags(tmp_path)]
-  run = process.Job(argv, str(tmp_path / 'run1.log'))
+  run = forkserver.job(argv, str(tmp_path / 'run1.log'))
   jobs.append(run)
   process.wait_until(lambda: _local_steps(tmp_path / 'local-3', 200), 'local saves past step 200', 600, 0.2, run)
   _kill_hosts(job_dir, (1, 0, 2, 3))
@@ -180,7 +180,7 @@ def test_four_hosts_in_two_slices_a_replaced_host_is_filled_by_the_same_host_of_
   held = {h: set(layout.local_committed_steps(tmp_path / f'local-{h}')) for h in (0, 2, 3)}
   newest = max(held[3] & (held[0] | held[2]))  # half B only on host 3 now; half A on host 0 or 2
   shutil.rmtree(tmp_path / 'local-1')
-  run = process.Job(argv, str(tmp_path / 'run2.log'))
+  run = forkserver.job(argv, str(tmp_path / 'run2.log'))
   jobs.append(run)
   assert run.wait(900) == 0, run.log()[-3000:]
   assert re.search(rf'\[host 1\].*local step {newest} received from host 3', run.log()), run.log()[-3000:]

@@ -28,7 +28,7 @@ CTRL_C_LINE = '[autockpt] Ctrl-C: saving at the step every host agrees on'
 def _launch(jobs, job_dir, log, num_hosts, *extra, exp=EXP, host_flags=()):
   argv = [*CLI, 'launch', f'--num_hosts={num_hosts}', *extra, '--', f'--exp={exp}',
           f'--job_log_dir={job_dir}', *host_flags]
-  job = process.Job(argv, log)  # the launcher starts its hosts itself
+  job = forkserver.job(argv, log)  # not forked: the launcher starts its hosts itself
   jobs.append(job)
   return job
 

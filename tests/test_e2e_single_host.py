@@ -114,8 +114,10 @@ def _sigterm_mid_training_commits_agreed_step_exits_143(preempted) -> int:
   step = _assert_preempted_run(preempted.job_dir, restored=None)
   assert step > 0
   print(f'SIGTERM -> exit {preempted.secs:.2f} s, on-demand step {step}')
-  # notices 'auto' where no metadata server answers: one line, no watcher, no wait at start.
-  assert len(re.findall(r'\[autockpt\] notices: no metadata server at metadata.google.internal', preempted.log)) == 1
+  # notices 'auto' where no metadata server answers: no watcher, no wait at start, at most one line (it comes
+  # when the name's lookup fails, in the background: once more than 9 s here, after this run had exited).
+  assert len(re.findall(r'\[autockpt\] notices: no metadata server at metadata.google.internal', preempted.log)) <= 1
+  assert '[autockpt] notices: watching' not in preempted.log
   # The same saves as TensorBoard scalars in the job's summaries.
   scalars = tb_scalars(preempted.job_dir)
   saved = [e['step'] for e in events_of(preempted.job_dir, 'save_started')]
