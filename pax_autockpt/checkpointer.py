@@ -104,7 +104,8 @@ class AutockptCheckpointer:
       self._lineage = lineage_lib.Tracker(job, run)
       self._local = local_saves.LocalSaves(folder, min_interval_secs=settings.local_min_interval_secs,
                                            keep=settings.local_keep, events=events, lineage=self._lineage)
-      local = local_restore.LocalRestore(folder, host=events.host, hosts=jax.process_count())
+      local = local_restore.LocalRestore(folder, host=events.host, hosts=jax.process_count(),
+                                         peer_port=settings.local_peer_port)
     self._restorer = restore_lib.Restorer(inner, events=events, checksums=settings.checksums,
                                           retry_secs=settings.restore_retry_secs,
                                           set_aside=self._forget_unrestorable,
@@ -167,11 +168,11 @@ class AutockptCheckpointer:
     return max((s for s in (*self.committed_this_run, self._inner.step_to_restore) if s is not None), default=None)
 
   def _nothing_to_save_yet(self) -> bool:
-    """Between the restore's end (the `start` event) and the first step's: whether the run's state is the
-    job directory's newest (a signal then ends the job at once, pax_autockpt.startup_exit). Not after a
-    restore of a local step the job directory lacks: a save keeps it. A signal before the `start` event is
-    answered at the loop's first iteration, before the compile."""
-    return 'start' in self._events.kinds_written and self._restorer.unbacked_step is None
+    """Before the first step completed (input construction, the listing, the restore, the compile): whether
+    the run's state is at most the job directory's newest (a signal then ends the job at once,
+    pax_autockpt.startup_exit). Not where the local tier holds, or may hold, a step the job directory lacks:
+    a save keeps it (the restore ends, the first iteration saves it)."""
+    return not self._restorer.may_hold_unbacked
 
   @property
   def verified(self) -> dict[str, int]:

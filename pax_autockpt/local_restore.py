@@ -6,15 +6,17 @@ digests, with the fingerprint of the shards it needs on this run's mesh. From th
 reaches the same plan (`choose`): the newest step for which every host has a copy of its own shards from
 one save — on its own disk, or on a peer's that holds the same shards (another data-parallel replica: a
 replaced VM with an empty disk) — if it is at least as new as the job directory's newest committed
-checkpoint (host 0's listing); else the job directory. A host without its own copy receives the peer's
-through the coordination service before anyone reads (`fill`). Reading a local step never touches the job
-directory; if it fails anywhere, every host falls back to the job directory together. The restore plans
-again whenever it sets a job-directory checkpoint aside.
+checkpoint (host 0's listing); else the job directory. A host without its own copy streams the peer's
+straight from it before anyone reads (`fill`, over pax_autockpt.peer_transfer's authenticated HTTP: the
+coordination service carries only the donor's address and the transfer's secret). Reading a local step
+never touches the job directory; if it fails anywhere, every host falls back to the job directory together.
+The restore plans again whenever it sets a job-directory checkpoint aside.
 """
 
-import base64
 import dataclasses
 import json
+import os
+import socket
 import time
 from typing import Any
 
@@ -27,9 +29,9 @@ from pax_autockpt import failures
 from pax_autockpt import layout
 from pax_autockpt import lineage as lineage_lib
 from pax_autockpt import local_tier
+from pax_autockpt import peer_transfer
 
 _KEY = 'autockpt/local-restore/'
-_CHUNK = 1 << 20  # raw bytes per coordination-service value (base64 makes it 1.4 MB; gRPC's limit is 4 MB)
 _FILL_WAIT_MS = 10 * 60 * 1000
 
 
@@ -110,9 +112,10 @@ class JobState:
 class LocalRestore:
   """One host's side of the plan, the fill and the read (see the module docstring)."""
 
-  def __init__(self, folder: epath.PathLike, *, host: int, hosts: int):
+  def __init__(self, folder: epath.PathLike, *, host: int, hosts: int, peer_port: int = 0):
     self.folder = epath.Path(folder)
     self._host, self._hosts = host, hosts
+    self._peer_port = peer_port  # where this host serves its copy to a peer (pax_autockpt.peer_transfer)
     self._plans = 0  # a fresh coordination key for each plan of this run
     self.restored_lineage: lineage_lib.Lineage | None = None  # of the local step `load` read
     self.agreed_newest: int | None = None  # the job directory's newest checkpoint the last plan was made against
@@ -171,50 +174,49 @@ class LocalRestore:
     return plan
 
   def fill(self, plan: Plan) -> bool:
-    """Hosts without their own copy get a peer's; True on every host when every fill succeeded."""
+    """Hosts without their own copy stream a peer's straight from it (pax_autockpt.peer_transfer: the
+    coordination service carries only its address and a secret made for this transfer); True on every host
+    when every fill succeeded, else every host restores from the job directory."""
     client = distributed.global_state.client
     prefix = f'{_KEY}fill/{self._plans}/{plan.step}/'
-    error = None
+    error, server = None, None
     try:
       if self._host in plan.filled.values():
-        self._publish(client, f'{prefix}{self._host}/', plan.step)
+        server = self._serve(client, f'{prefix}{self._host}/', plan.step)
       if self._host in plan.filled:
-        began = time.monotonic()
-        self._receive(client, f'{prefix}{plan.filled[self._host]}/', plan.step)
-        logging.info('[autockpt] local step %d received from host %d in %.3f s.', plan.step,
-                     plan.filled[self._host], time.monotonic() - began)
+        self._receive(client, f'{prefix}{plan.filled[self._host]}/', plan.step, plan.filled[self._host])
     except Exception as e:  # pylint: disable=broad-except
       error = f'host {self._host}: {failures.one_line(e)}'
-    failed = agreement.first_report(f'{prefix}done', self._host, error)
+    try:
+      failed = agreement.first_report(f'{prefix}done', self._host, error)
+    finally:
+      if server is not None:
+        server.stop()  # every receiver is done with it (or the job is)
     if self._host in plan.filled.values():
-      _release(client, f'{prefix}{self._host}')  # every receiver is done with it
+      _release(client, f'{prefix}{self._host}')
     if failed is not None:
       logging.warning('[autockpt] local step %d could not be copied from a peer (%s): restoring from the job '
                       'directory.', plan.step, failed)
     return failed is None
 
-  def _publish(self, client: Any, prefix: str, step: int) -> None:
+  def _serve(self, client: Any, prefix: str, step: int) -> peer_transfer.PeerServer:
+    """This host's copy of `step`, and nothing else, served to the peers that need it."""
     path = layout.local_step_dir(self.folder, step)
-    data = (path / layout.LOCAL_SHARDS).read_bytes()
-    chunks = [data[i:i + _CHUNK] for i in range(0, len(data), _CHUNK)] or [b'']
-    for i, chunk in enumerate(chunks):
-      client.key_value_set(f'{prefix}chunk/{i}', base64.b64encode(chunk).decode())
-    client.key_value_set(f'{prefix}index', (path / layout.LOCAL_INDEX).read_text())
-    client.key_value_set(f'{prefix}chunks', str(len(chunks)))
+    secret = peer_transfer.new_secret()
+    server = peer_transfer.PeerServer(lambda s: path if s == step else None, secret, host=_own_address(),
+                                      port=self._peer_port)
+    address = server.start()
+    client.key_value_set(f'{prefix}peer', json.dumps({'address': list(address), 'secret': secret}))
+    return server
 
-  def _receive(self, client: Any, prefix: str, step: int) -> None:
-    count = int(client.blocking_key_value_get(f'{prefix}chunks', _FILL_WAIT_MS))
-    found = local_tier.parse_index(client.blocking_key_value_get(f'{prefix}index', _FILL_WAIT_MS),
-                                   f'host {self._host}\'s copy of local step {step}\'s index')
-    partial = layout.local_partial_dir(self.folder, step)
-    if partial.exists():
-      partial.rmtree()
-    partial.mkdir(parents=True)
-    with open(partial / layout.LOCAL_SHARDS, 'wb') as f:
-      for i in range(count):
-        f.write(base64.b64decode(client.blocking_key_value_get(f'{prefix}chunk/{i}', _FILL_WAIT_MS)))
-    local_tier.read_shards(partial, found)  # as the donor wrote it
-    local_tier.commit(partial, found)
+  def _receive(self, client: Any, prefix: str, step: int, donor: int) -> None:
+    peer = json.loads(client.blocking_key_value_get(f'{prefix}peer', _FILL_WAIT_MS))
+    began = time.monotonic()
+    path = peer_transfer.fetch_step_from([tuple(peer['address'])], peer['secret'], step, self.folder)
+    nbytes = os.path.getsize(path / layout.LOCAL_SHARDS)
+    took = time.monotonic() - began
+    logging.info('[autockpt] local step %d received from host %d in %.3f s (%.1f MB, %.0f MB/s).', step, donor,
+                 took, nbytes / 1e6, nbytes / 1e6 / max(took, 1e-6))
 
   def load(self, step: int, shapes: Any, mesh: Any, specs: Any) -> tuple[Any, bytes | None]:
     """The state of local step `step` on this mesh, read back against its digests, and this host's input
@@ -224,6 +226,21 @@ class LocalRestore:
     shards = local_tier.read_shards(path, found)
     self.restored_lineage = local_tier.lineage_of(found)
     return local_tier.arrays_for(shards, shapes, mesh, specs), local_tier.input_state(found, self._host)
+
+
+def _own_address() -> str:
+  """The address this host reaches the job's coordinator from: the interface its peers reach it on (a UDP
+  socket's connect sends nothing). 127.0.0.1 for local hosts, and where no coordinator is known."""
+  coordinator = distributed.global_state.coordinator_address
+  if not coordinator:
+    return '127.0.0.1'
+  host, _, port = coordinator.rpartition(':')
+  try:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+      probe.connect((host.strip('[]'), int(port)))
+      return probe.getsockname()[0]
+  except OSError:
+    return '127.0.0.1'
 
 
 def _release(client: Any, folder: str) -> None:

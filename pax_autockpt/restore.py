@@ -169,6 +169,7 @@ class Restorer:
     self._local_failed = False  # a local read failed: the rest of this restore is the job directory's
     self._after_read: Callable[[], None] | None = None  # a local read's input position, set once all hosts read
     self._local_step: int | None = None  # the local step being restored (Pax's step_to_restore)
+    self._planned = False  # the local tier's first plan is made (which tier restores is known)
     self._inner = inner
     self._restart_input = restart_input
     self._events = events
@@ -190,6 +191,7 @@ class Restorer:
   def get_model_states(self, partitioner, metadata, root_prng_key, train_input_pipeline=None):
     plan = functools.partial(self._local_plan, partitioner, metadata, train_input_pipeline)
     self._local_step = plan()
+    self._planned = True
     tries = 0
     for attempt in itertools.count():
       step = self._inner.step_to_restore
@@ -228,6 +230,20 @@ class Restorer:
   @property
   def local_agreed_newest(self) -> int | None:
     return None if self._local is None else self._local.agreed_newest
+
+  @property
+  def may_hold_unbacked(self) -> bool:
+    """Whether this run holds, or may come to hold, a local step the job directory lacks: before the local
+    tier's plan (its steps may be newer), when the plan restores one, and after it was restored. False
+    without a local tier, or once the plan is the job directory's: a signal then has nothing to save."""
+    if self._local is None:
+      return False
+    if self.restored_from is not None:
+      return self.unbacked_step is not None
+    if not self._planned:
+      return True
+    newest = self._local.agreed_newest
+    return self._local_step is not None and (newest is None or newest < self._local_step)
 
   @property
   def unbacked_step(self) -> int | None:

@@ -79,6 +79,10 @@ def _local_dir(v):
   return None
 
 
+def _port(v):
+  return None if _integer(v) and 0 <= v <= 65535 else 'use a TCP port 1..65535, or 0 for any free port'
+
+
 def _nice(v):
   return None if _integer(v) and 0 <= v <= 19 else 'use a Linux nice value from 0 (as training) to 19 (the lowest)'
 
@@ -177,6 +181,10 @@ class Settings:
                                           'back)', rule=_seconds_at_least_0)
   local_keep: int = option(2, 'local tier: the newest N committed local steps kept on each host',
                            rule=_count_at_least_1)
+  local_peer_port: int = option(0, "local tier: the TCP port a host serves its copy of a local step on to a peer "
+                                "that lost its own (a replaced VM), on the address the job's wiring reaches the "
+                                'coordinator from; each request carries a secret made for the transfer (0: any free '
+                                'port)', rule=_port)
   save_policy: Any = option(None, 'any save-decision policy object, or a `pax_fiddle.Config` of one',
                             rule=_save_policy, flag=False,
                             replaced_by=('continuous', 'min_interval_secs', 'mtbf_hours'))

@@ -1,15 +1,18 @@
 """A signal before the first training step completes ends the job at once when there is nothing to save.
 
-From its restore to the end of the first step a job has trained nothing: its newest state is the job
-directory's newest checkpoint (or nothing at all). A SIGTERM then — during the restore, or the first step's
-compile, which takes minutes on a large model — should end it within a second, not after the compile and a
-step that gains nothing. The main thread is in C++ then (XLA, tensorstore) and cannot act; the thread that
+From its start to the end of the first step a job has trained nothing: its newest state is the job
+directory's newest checkpoint (or nothing at all). A SIGTERM then — during input construction, the listing,
+the restore, or the first step's compile, which takes minutes on a large model — should end it within a
+second, not after the restore, the compile and a step that gains nothing. (A signal that arrives before this
+object exists, while Python imports, is answered as soon as it does: pax_autockpt.signals replays it.)
+The main thread is in C++ then (XLA, tensorstore) and cannot act; the thread that
 records the signal (pax_autockpt.signals) can. Every host must reach the same decision, so the signalled host
 claims one coordination-service key, first writer wins: `exit` (every host's waiting thread wakes and ends
 its process with the exit code) or, written by the main thread once the first step completed, `trained` (the
-ordinary exit path at an agreed step takes over). Where the run has something only a save would keep (a
-restored local step the job directory lacks), or the restore has not ended, `nothing_to_save` says no and
-the loop's first iteration decides instead (pax_autockpt.checkpointer).
+ordinary exit path at an agreed step takes over). Where the run has, or may come to have, something only a
+save would keep (a local step the job directory lacks), `nothing_to_save` says no and the loop's first
+iteration decides instead (pax_autockpt.checkpointer). An exit before the restore ended writes the run's
+`start` event itself (`before_restore`), so that the event log's runs stay whole.
 """
 
 import atexit
@@ -20,6 +23,7 @@ import threading
 from typing import Callable
 
 from absl import logging
+import jax
 
 from pax_autockpt import events as events_lib
 from pax_autockpt import exit_path
@@ -117,6 +121,9 @@ class StartupExit:
   def _record(self, name: str, host: int, code: int) -> None:
     newest = self._newest()
     got = signals.received()
+    if 'start' not in self._events.kinds_written:  # the restore did not end: the run stood at the newest step
+      self._events.write('start', num_hosts=jax.process_count(), pid=os.getpid(), restored_step=newest,
+                         restored_from=None, before_restore=True)
     self._events.write('preemption', step=newest or 0, signal=name, saved_step=newest, plan='nothing_to_save',
                        during='start-up', seen_by=host, signal_at=round(got[1], 6) if got else None,
                        **({'grace_s': self._grace_secs} if name == signal.SIGTERM.name else {}))

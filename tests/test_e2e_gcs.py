@@ -297,3 +297,26 @@ def test_grace_period_keeps_the_save_in_flight_or_exits_1_before_the_deadline(jo
   assert committed[-1] == newest, (committed, others)  # what was being written is not a checkpoint
   print(f'grace 3 s: {preemption["plan"]}, exit 1 {exit_["t"] - preemption["signal_at"]:.2f} s after the SIGTERM; '
         f'uncommitted left: {others}')
+
+
+def test_sigterm_during_a_slow_restore_ends_within_a_second_and_moves_nothing(jobs, gcs, tmp_path):
+  """A SIGTERM while the restore reads a large checkpoint (here: every read of it 300 ms slow) ends the job
+  within a second: nothing trained since that checkpoint, so nothing to save, and the restore need not end.
+  A fresh interpreter, as users start it; the run's `start` event is written by the exit (`before_restore`)."""
+  job = gcs.url('slow-restore')
+  argv = process.ours_argv(process.TINY_EXP, job, '--autockpt_notices=off')
+  _preempt(_run(jobs, argv, str(tmp_path / 'run1.log')))
+  step = events_of(job, 'preemption')[-1]['step']
+  gcs.set_faults(latency_ms=300, path_contains=f'checkpoints/{_name(step)}/')
+  second = process.Job(argv, str(tmp_path / 'run2.log'), env=forkserver.users_env())
+  jobs.append(second)
+  second.wait_for_log(r'\[PAX STATUS\]: Starting checkpoint load', timeout=300)
+  second.send(signal.SIGTERM)
+  assert second.wait(60) == 143, second.log()[-3000:]
+  gcs.set_faults()
+  start, preemption, exit_ = _last_run(job, 'start') + _last_run(job, 'preemption') + _last_run(job, 'exit')
+  assert start['before_restore'] and start['restored_step'] == step, start
+  assert preemption['during'] == 'start-up' and preemption['plan'] == 'nothing_to_save', preemption
+  assert exit_['code'] == 143 and exit_['t'] - preemption['signal_at'] < 1.0, (preemption, exit_)
+  assert 'restored in' not in second.log() and checkpoint_steps(job)[0][-1] == step
+  print(f'SIGTERM during the restore of {step}: exit {exit_["t"] - preemption["signal_at"]:.2f} s after it')

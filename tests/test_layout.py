@@ -192,3 +192,7 @@ def test_only_the_entry_points_and_the_executor_exit():
       bad += [f'{os.path.relpath(path, ROOT)}:{line}' for line, as_script in _sys_exits(path)
               if not (f in exits_allowed if runtime else as_script)]
   assert not bad, bad
+
+
+def test_a_step_in_a_log_line_is_a_number_or_none_never_pythons_none():
+  assert (layout.step_text(None), layout.step_text(0), layout.step_text(1347)) == ('none', '0', '1347')

@@ -263,3 +263,37 @@ def test_the_log_sums_up_local_commits_every_ten_seconds(tmp_path, monkeypatch):
   assert lines[1] == ('[autockpt] local tier: 5 commit(s) in the last 10 s (one every 2.00 s), newest step 10, '
                       'committed in 0.010 s (2.0 MB).'), lines[1]
   assert 'newest step 58' in lines[-1] and len(events_lib.read(tmp_path)) == 2
+
+
+_FILL = '''
+import json, logging, sys
+import jax
+from jax._src import distributed
+logging.basicConfig(level=logging.INFO)  # absl's lines through Python's root logger, on stderr
+from pax_autockpt import local_restore
+host, port, folder = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+jax.distributed.initialize('127.0.0.1:' + port, num_processes=2, process_id=host)
+restore = local_restore.LocalRestore(folder, host=host, hosts=2)
+ok = restore.fill(local_restore.Plan(step=12, donors={0: 0, 1: 0}))
+keys = sorted(k for k, _ in distributed.global_state.client.key_value_dir_get('autockpt/local/fill/'))
+print(json.dumps({'ok': ok, 'keys': keys}), flush=True)
+'''
+
+
+def test_a_replaced_host_streams_its_copy_from_the_donor_and_the_service_keeps_only_the_verdicts(tmp_path):
+  """Two real processes of one job (a real coordination service): host 1's disk is empty, host 0 holds local
+  step 12; host 1 streams it over the peer path and ends with the same files, and the coordination service
+  keeps no trace of the transfer's address or secret once it is done."""
+  _, state, _ = _state()
+  donor = _save(tmp_path / 'local-0', 12, state, _Input(12), hosts=2)
+  port = str(hosts.free_loopback_port())
+  procs = [subprocess.Popen([sys.executable, '-c', _FILL, str(h), port, str(tmp_path / f'local-{h}')],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for h in (0, 1)]
+  outs = [p.communicate(timeout=120) for p in procs]
+  results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+  assert [r['ok'] for r in results] == [True, True], [err[-2000:] for _, err in outs]
+  received = layout.local_step_dir(tmp_path / 'local-1', 12)
+  for name in (layout.LOCAL_INDEX, layout.LOCAL_SHARDS):
+    assert (received / name).read_bytes() == (donor / name).read_bytes()
+  assert not [k for k in results[1]['keys'] if '/peer' in k], results[1]['keys']
+  assert 'local step 12 received from host 0 in ' in outs[1][1]

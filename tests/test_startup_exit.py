@@ -61,7 +61,8 @@ def test_a_signal_on_one_host_ends_every_host_with_one_line_and_its_events(tmp_p
     assert cond.wait_for(lambda: len(codes) == 2, 10)
   assert [c for _, c in codes] == [143, 143]
   for host in (0, 1):
-    preemption, exit_ = [e for e in events_lib.read(tmp_path, host)]
+    start, preemption, exit_ = [e for e in events_lib.read(tmp_path, host)]  # no `start` yet: the exit writes it
+    assert start['event'] == 'start' and start['before_restore'] and start['restored_step'] == 400
     assert preemption['plan'] == 'nothing_to_save' and preemption['during'] == 'start-up'
     assert preemption['saved_step'] == 400 and exit_['code'] == 143
   del hosts
