@@ -299,12 +299,23 @@ def test_grace_period_keeps_the_save_in_flight_or_exits_1_before_the_deadline(jo
         f'uncommitted left: {others}')
 
 
-def test_sigterm_during_a_slow_restore_ends_within_a_second_and_moves_nothing(jobs, gcs, tmp_path):
+def _largest_chunk(gcs, job_name, step) -> str:
+  """The largest array chunk object of a zarr checkpoint on the bucket."""
+  chunks = {n: size for n, size in _objects_of(gcs, job_name, step).items()
+            if '/state/' in n and not n.rsplit('/', 1)[-1].startswith('.')}
+  return max(chunks, key=chunks.get)
+
+
+def test_sigterm_during_a_slow_restore_ends_at_once_then_damage_on_the_bucket_is_passed_over(jobs, gcs, tmp_path):
   """A SIGTERM while the restore reads a large checkpoint (here: every read of it 300 ms slow) ends the job
-  within a second: nothing trained since that checkpoint, so nothing to save, and the restore need not end.
-  A fresh interpreter, as users start it; the run's `start` event is written by the exit (`before_restore`)."""
-  job = gcs.url('slow-restore')
-  argv = process.ours_argv(process.TINY_EXP, job, '--autockpt_notices=off')
+  within a second: nothing trained since that checkpoint, so nothing to save, and the restore need not end
+  (the run's `start` event is written by the exit: `before_restore`). A fresh interpreter, as users start it.
+  Then damage on the bucket, decided by evidence: the on-demand checkpoint (raw) loses its largest chunk, the
+  interval one before it (zstd) has its largest chunk cut to a third: the next run passes over both (set
+  aside, never deleted) and restores the one before them, or starts fresh where there is none."""
+  job_name = 'slow-restore'
+  job = gcs.url(job_name)
+  argv = process.ours_argv(process.TINY_EXP, job, '--autockpt_notices=off', '--tensorstore_use_ocdbt=false')
   _preempt(_run(jobs, argv, str(tmp_path / 'run1.log')))
   step = events_of(job, 'preemption')[-1]['step']
   gcs.set_faults(latency_ms=300, path_contains=f'checkpoints/{_name(step)}/')
@@ -318,5 +329,20 @@ def test_sigterm_during_a_slow_restore_ends_within_a_second_and_moves_nothing(jo
   assert start['before_restore'] and start['restored_step'] == step, start
   assert preemption['during'] == 'start-up' and preemption['plan'] == 'nothing_to_save', preemption
   assert exit_['code'] == 143 and exit_['t'] - preemption['signal_at'] < 1.0, (preemption, exit_)
-  assert 'restored in' not in second.log() and checkpoint_steps(job)[0][-1] == step
+  committed = checkpoint_steps(job)[0]  # [0, step], and 1 where step 0's save was still in flight at step 1
+  assert 'restored in' not in second.log() and committed[-1] == step and committed[0] == 0, committed
   print(f'SIGTERM during the restore of {step}: exit {exit_["t"] - preemption["signal_at"]:.2f} s after it')
+
+  older = committed[-2]  # an interval save: zstd chunks
+  missing, cut = _largest_chunk(gcs, job_name, step), _largest_chunk(gcs, job_name, older)
+  gcs.delete(missing)
+  gcs.write(cut, gcs.read(cut)[:len(gcs.read(cut)) // 3])
+  third = _run(jobs, argv, str(tmp_path / 'run3.log'))
+  process.wait_until(lambda: len(events_of(job, 'start')) == 3, 'the third start event', 300, 0.2, third)
+  third.send(signal.SIGTERM)  # nothing trained since what it restored: ends at once
+  assert third.wait(120) == 143, third.log()[-3000:]
+  assert _last_run(job, 'start')[0]['restored_step'] == (committed[-3] if len(committed) > 2 else None)
+  skipped = {e['step']: e['error'] for e in events_of(job, 'restore_skipped')}  # logged before the run's start
+  assert list(skipped) == [step, older], skipped
+  for damaged in (step, older):
+    assert f'{job_name}/checkpoints/{_name(damaged)}/{layout.UNRESTORABLE_MARKER}' in gcs.objects(job_name)
