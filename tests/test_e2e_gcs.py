@@ -257,11 +257,14 @@ def test_grace_period_keeps_the_save_in_flight_or_exits_1_before_the_deadline(jo
   continuous save in flight; the in-flight save and a new one do not both fit, so the in-flight step
   commits and the process exits 143 naming it, inside the grace period. Run 2 restores that step; with
   3 s, nothing fits: exit 1 with one line naming the newest committed step, before the deadline, and the
-  step it was writing is not counted."""
+  step it was writing is not counted. Run 1 is a fresh interpreter."""
   job = gcs.url('grace')
   gcs.set_faults(latency_ms=150, writes_only=True, path_contains='checkpoints/checkpoint_')
   argv = process.ours_argv(CONTINUOUS, job, '--autockpt_min_interval_secs=0', '--autockpt_keep_latest=2')
-  first = _run(jobs, [*argv, '--autockpt_grace_secs=10'], str(tmp_path / 'run1.log'))
+  # A fresh interpreter, as users start it (the watchdog, the exit and the interpreter's finalization as a job
+  # runs them); run 2 is forked (tests/forkserver.py).
+  first = process.Job([*argv, '--autockpt_grace_secs=10'], str(tmp_path / 'run1.log'), env=forkserver.users_env())
+  jobs.append(first)
   process.wait_until(lambda: _in_flight(first), 'a continuous save in flight after one committed', 300, 0.05, first)
   first.send(signal.SIGTERM)
   assert first.wait(60) == 143, first.log()[-4000:]
