@@ -18,8 +18,10 @@ optimum), localtier_<size>_<storage> (an unplanned kill: training lost and the r
 1 s against bucket-only continuous), localstep (step time with the local tier every 1 s vs off),
 nice_<storage> (continuous saving with its threads at the default nice vs 0), tinyfloor (the tiny on-demand
 save against orbax 0.5.9 saving the same arrays alone: the fixed cost's floor),
-decision_scale (the save decision's protocol at 8 to 1,024 simulated hosts, no model; not in the default
-set: ~20 minutes).
+peertransfer_<size> (a committed local step of the Medium / Large state's bytes streamed between 2 local
+processes by peer_transfer vs a raw loopback socket copy + fsync of the same bytes, and each side's peak RSS
+growth; see peer.py; Medium ~30 s, in the default set; Large ~100 s, not), decision_scale (the save
+decision's protocol at 8 to 1,024 simulated hosts, no model; not in the default set: ~20 minutes).
 """
 
 import argparse
@@ -39,7 +41,7 @@ STORAGES = {'local': None, 'gcs0': 0.0, 'gcs30': 30.0}
 DEFAULT = ('tiny_local,tiny_gcs0,tiny_gcs30,ondemand_Medium_local,ondemand_Large_local,ondemand_Medium_gcs0,'
            'ondemand_Medium_gcs30,stock_Medium,restart,hook,decision,formats_local,formats_gcs30,notices_Tiny,'
            'notices_Medium,noticestart,checksums,verification,adaptive,ondemandzstd_Large_local,ondemandzstd_Medium_gcs30,'
-           'inflight_Large_gcs30,localtier_Medium_gcs30,localstep,tinyfloor,nice_local')
+           'inflight_Large_gcs30,localtier_Medium_gcs30,localstep,tinyfloor,nice_local,peertransfer_Medium')
 
 
 def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
@@ -84,7 +86,10 @@ def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
     return scenarios.orbax_floor(storage, args.pairs)
   if kind == 'localstep':
     return scenarios.local_step_time(storage, args.pairs, args.secs)
-  raise SystemExit(f'error: unknown scenario {name!r}: choose from {DEFAULT},decision_scale')
+  if kind == 'peertransfer':
+    from pax_autockpt.tools.bench import peer  # pylint: disable=g-import-not-at-top  # also run with -m
+    return peer.peer_transfer(storage, rest[0], args.pairs)
+  raise SystemExit(f'error: unknown scenario {name!r}: choose from {DEFAULT},decision_scale,peertransfer_Large')
 
 
 def _storage_of(name: str) -> str:
