@@ -11,7 +11,8 @@ blocking, save duration, interval, requests per save), ondemand_<size>_<storage>
 the storage's own limit for the same bytes), ondemandzstd_<size>_<storage> (the on-demand save written
 raw vs with zstd), inflight_<size>_<storage> (SIGTERM during a continuous save, with a grace budget that
 holds a new save and one that does not), stock_<size> (SIGTERM -> exit vs stock paxml), restart,
-hook, decision, formats_<storage> (zarr vs OCDBT), notices_<size> (notice -> committed), noticestart
+agedlog (a restart with a week of events in its log vs one run's), hook, decision,
+formats_<storage> (zarr vs OCDBT), notices_<size> (notice -> committed), noticestart
 (start-up with notices auto and no server vs off), checksums (the manifest's cost), verification
 (restore + manifest check vs restore), adaptive (the self-set interval against the Young/Daly
 optimum), localtier_<size>_<storage> (an unplanned kill: training lost and the restore, local tier every
@@ -60,6 +61,9 @@ def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
     return scenarios.sigterm_vs_stock(storage, rest[0], args.pairs)
   if kind == 'restart':
     return scenarios.restart(storage, args.pairs)
+  if kind == 'agedlog':
+    from pax_autockpt.tools.bench import aged_log  # pylint: disable=g-import-not-at-top
+    return aged_log.aged_restart(storage, args.pairs)
   if kind == 'hook':
     return scenarios.hook_cost(storage, args.pairs, args.secs)
   if name == 'decision_scale':
