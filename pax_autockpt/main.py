@@ -66,6 +66,7 @@ from paxml import experiment_registry
 from paxml import main as pax_main
 
 from pax_autockpt import experiment_names
+from pax_autockpt import failures
 from pax_autockpt import hosts
 from pax_autockpt import layout
 from pax_autockpt import mesh
@@ -200,6 +201,14 @@ def main(argv):
     pax_main.main(argv)
   except outcomes.RestoreFailed as e:  # before the executor exists (listing the checkpoints): one line
     _fail(f'{e}; exiting 1.', code=1)
+  except Exception as e:  # pylint: disable=broad-except
+    if failures.classify(e) is not failures.Kind.TRANSIENT:
+      raise  # a bug or bad input keeps its traceback
+    # The storage stopped answering (e.g. orbax's start-up clean-up asking `exists` through an outage, after
+    # TensorFlow's ~200 s of retries): nothing was moved or marked, a rerun once it answers resumes.
+    logging.debug('[autockpt] the storage error in full', exc_info=True)
+    _fail(f'the job directory\'s storage did not answer ({failures.one_line(e)}); nothing was moved or marked: rerun '
+          'the same command once it answers; exiting 1.', code=1)
   return 0
 
 

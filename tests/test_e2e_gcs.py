@@ -349,3 +349,25 @@ def test_sigterm_during_a_slow_restore_ends_at_once_then_damage_on_the_bucket_is
   assert list(skipped) == [step, older], skipped
   for damaged in (step, older):
     assert f'{job_name}/checkpoints/{_name(damaged)}/{layout.UNRESTORABLE_MARKER}' in gcs.objects(job_name)
+
+
+@pytest.mark.soak
+def test_a_storage_outage_at_start_up_ends_in_one_line_and_moves_nothing(jobs, gcs, tmp_path):
+  """Every request under the job's checkpoints answered 503 from the start: TensorFlow retries for ~200 s,
+  then the start-up (orbax's clean-up, the listing) fails: exit 1 in one line naming the storage, no
+  traceback, every checkpoint object where it was. (make soak: the retries alone take 200 s.)"""
+  job_name = 'outage'
+  job = gcs.url(job_name)
+  argv = process.ours_argv(process.TINY_EXP, job, '--autockpt_notices=off')
+  _preempt(_run(jobs, argv, str(tmp_path / 'run1.log')))
+  before = gcs.objects(f'{job_name}/checkpoints/')
+  gcs.set_faults(fail_fraction=1.0, status=503, path_contains=f'{job_name}/checkpoints')
+  second = process.Job(argv, str(tmp_path / 'run2.log'), env=forkserver.users_env())
+  jobs.append(second)
+  assert second.wait(900) == 1, second.log()[-3000:]
+  gcs.set_faults()
+  log = second.log()
+  lines = [x for x in log.splitlines() if "storage did not answer" in x]
+  assert len(lines) == 1 and 'Traceback' not in log, log[-3000:]
+  assert lines[0].startswith('error: ') and 'nothing was moved or marked' in lines[0], lines
+  assert gcs.objects(f'{job_name}/checkpoints/') == before
