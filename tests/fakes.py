@@ -243,6 +243,9 @@ def wrap(job_log_dir, settings: settings_lib.Settings | None = None, metrics=Non
   wrapped = checkpointer_lib.AutockptCheckpointer(
       fake, settings=settings or settings_lib.Settings(), events=events_lib.EventLog(job_log_dir, 0),
       exit_after_ondemand_checkpoint=True, enable_summaries=False, metrics=metrics)
+  # The fake loop stands past its first step: a signal takes the agreed-step path, never the start-up exit
+  # (which ends the process: this one is pytest's; tests/test_startup_exit.py tests it with its exit patched).
+  wrapped._startup.first_step_done()  # pylint: disable=protected-access
   return wrapped, fake
 
 
