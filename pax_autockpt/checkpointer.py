@@ -171,7 +171,8 @@ class AutockptCheckpointer:
     """Before the first step completed (input construction, the listing, the restore, the compile): whether
     the run's state is at most the job directory's newest (a signal then ends the job at once,
     pax_autockpt.startup_exit). Not where the local tier holds, or may hold, a step the job directory lacks:
-    a save keeps it (the restore ends, the first iteration saves it)."""
+    with a local tier until its restore ended, then while the restored local step is not in the job
+    directory (the first iteration saves it)."""
     return not self._restorer.may_hold_unbacked
 
   @property

@@ -169,7 +169,6 @@ class Restorer:
     self._local_failed = False  # a local read failed: the rest of this restore is the job directory's
     self._after_read: Callable[[], None] | None = None  # a local read's input position, set once all hosts read
     self._local_step: int | None = None  # the local step being restored (Pax's step_to_restore)
-    self._planned = False  # the local tier's first plan is made (which tier restores is known)
     self._inner = inner
     self._restart_input = restart_input
     self._events = events
@@ -191,7 +190,6 @@ class Restorer:
   def get_model_states(self, partitioner, metadata, root_prng_key, train_input_pipeline=None):
     plan = functools.partial(self._local_plan, partitioner, metadata, train_input_pipeline)
     self._local_step = plan()
-    self._planned = True
     tries = 0
     for attempt in itertools.count():
       step = self._inner.step_to_restore
@@ -233,17 +231,14 @@ class Restorer:
 
   @property
   def may_hold_unbacked(self) -> bool:
-    """Whether this run holds, or may come to hold, a local step the job directory lacks: before the local
-    tier's plan (its steps may be newer), when the plan restores one, and after it was restored. False
-    without a local tier, or once the plan is the job directory's: a signal then has nothing to save."""
+    """Whether this run holds, or may come to hold, a local step the job directory lacks: with a local tier,
+    until the restore has ended (a plan for the job directory's newest checkpoint is made again when that
+    checkpoint turns out damaged, and an older local step then wins: seen in the lineage test), and after
+    it when the restored local step is not in the job directory. False without a local tier: a signal
+    before the first step then has nothing to save."""
     if self._local is None:
       return False
-    if self.restored_from is not None:
-      return self.unbacked_step is not None
-    if not self._planned:
-      return True
-    newest = self._local.agreed_newest
-    return self._local_step is not None and (newest is None or newest < self._local_step)
+    return self.restored_from is None or self.unbacked_step is not None
 
   @property
   def unbacked_step(self) -> int | None:

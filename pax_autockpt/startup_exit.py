@@ -10,9 +10,10 @@ records the signal (pax_autockpt.signals) can. Every host must reach the same de
 claims one coordination-service key, first writer wins: `exit` (every host's waiting thread wakes and ends
 its process with the exit code) or, written by the main thread once the first step completed, `trained` (the
 ordinary exit path at an agreed step takes over). Where the run has, or may come to have, something only a
-save would keep (a local step the job directory lacks), `nothing_to_save` says no and the loop's first
-iteration decides instead (pax_autockpt.checkpointer). An exit before the restore ended writes the run's
-`start` event itself (`before_restore`), so that the event log's runs stay whole.
+save would keep (a local step the job directory lacks: with a local tier, until its restore ended),
+`nothing_to_save` says no and the loop's first iteration decides instead (pax_autockpt.checkpointer). An exit
+before the restore ended writes the run's `start` event itself (`before_restore`), so that the event log's
+runs stay whole.
 """
 
 import atexit
