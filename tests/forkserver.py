@@ -261,14 +261,9 @@ _servers: dict[tuple, ForkServer] = {}
 _servers_lock = threading.Lock()
 
 
-# Set by tests/conftest.py for the test process's own checks (TensorFlow's gs:// caches off, so that it sees
-# other processes' writes at once); a user's job has TensorFlow's defaults, and so does every job started here.
-TEST_PROCESS_ONLY = ('GCS_STAT_CACHE_MAX_AGE', 'GCS_READ_CACHE_MAX_SIZE_MB')
-
-
-def users_env(env: dict[str, str] | None = None) -> dict[str, str]:
-  """`env` (default: this process's) as a user's shell would have it: without the test process's settings."""
-  return {k: v for k, v in (os.environ if env is None else env).items() if k not in TEST_PROCESS_ONLY}
+# tests/conftest.py switches TensorFlow's gs:// caches off for the test process's own checks; every job
+# started here runs with a user's settings (TensorFlow's defaults).
+users_env = process.users_env
 
 
 def server_for(env: dict[str, str]) -> ForkServer:

@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 
+from pax_autockpt.tools import process
 from tests.conftest import events_of
 
 pytestmark = pytest.mark.e2e
@@ -33,7 +34,7 @@ def user_env() -> dict[str, str]:
   """This process's environment less what the test suite sets for itself (TensorFlow's gs:// caches off, the
   shared compilation cache,
   pytest's own variables): a user's shell has TensorFlow's defaults."""
-  return {k: v for k, v in os.environ.items()
+  return {k: v for k, v in process.users_env().items()
           if not k.startswith(('GCS_', 'PYTEST_', 'JAX_COMPILATION_CACHE', 'JAX_PERSISTENT_CACHE'))}
 
 

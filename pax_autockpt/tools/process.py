@@ -13,6 +13,15 @@ T = TypeVar('T')
 
 TINY_EXP = 'experiments.lm_cloud_autockpt.LmCloudSpmdTinyAutockpt'
 
+# TensorFlow's gs:// caches switched off: what a checking process (a test, the soak) sets so that it sees the
+# jobs' writes at once; never a job's own setting (a user's job runs with TensorFlow's defaults).
+CHECKS_ONLY = ('GCS_STAT_CACHE_MAX_AGE', 'GCS_READ_CACHE_MAX_SIZE_MB')
+
+
+def users_env(env: dict[str, str] | None = None) -> dict[str, str]:
+  """`env` (default: this process's) as a user's job has it: without the checking process's settings."""
+  return {k: v for k, v in (os.environ if env is None else env).items() if k not in CHECKS_ONLY}
+
 
 def ours_argv(exp: str, job_log_dir: str, *flags: str) -> list[str]:
   """`python -m pax_autockpt.main` with this interpreter."""

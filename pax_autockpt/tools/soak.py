@@ -83,20 +83,11 @@ def _count(job_dir, kind):
   return sum(e['event'] == kind for e in events_lib.read(job_dir, 0))
 
 
-# This process reads the bucket with TensorFlow's gs:// caches off (it must see the jobs' writes at once); the
-# jobs it starts run as users' jobs do, with TensorFlow's defaults.
-_CHECKS_ONLY = ('GCS_STAT_CACHE_MAX_AGE', 'GCS_READ_CACHE_MAX_SIZE_MB')
-
-
-def _jobs_env() -> dict[str, str]:
-  return {k: v for k, v in os.environ.items() if k not in _CHECKS_ONLY}
-
-
 def _start(argv, num_hosts, log):
   if num_hosts == 1:
-    return process.Job(argv, log, env=_jobs_env())
+    return process.Job(argv, log, env=process.users_env())
   return process.Job([sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', f'--num_hosts={num_hosts}',
-                      '--', *argv[3:]], log, env=_jobs_env())
+                      '--', *argv[3:]], log, env=process.users_env())
 
 
 def _wait(cond, job, timeout=300):
@@ -310,7 +301,7 @@ def scale(num_hosts, workdir, preempt_host=5, exp='experiments.lm_cloud_autockpt
           '--', f'--exp={exp}', f'--job_log_dir={job_dir}']
   out = {'num_hosts': num_hosts, 'preempt_host': preempt_host, 'failures': []}
   started = time.time()
-  job = process.Job(argv, os.path.join(workdir, 'launch1.log'), env=_jobs_env())
+  job = process.Job(argv, os.path.join(workdir, 'launch1.log'), env=process.users_env())
   try:
     pids = process.wait_until(lambda: _host_pids(job_dir, num_hosts, started), 'every host started', 900,
                               0.5, job)
@@ -330,7 +321,7 @@ def scale(num_hosts, workdir, preempt_host=5, exp='experiments.lm_cloud_autockpt
   if step is None:
     return out
   again = time.time()
-  job = process.Job(argv, os.path.join(workdir, 'launch2.log'), env=_jobs_env())
+  job = process.Job(argv, os.path.join(workdir, 'launch2.log'), env=process.users_env())
   try:
     process.wait_until(lambda: _host_pids(job_dir, num_hosts, again), 'every host restarted', 900, 0.5, job)
     out['restart_to_all_restored_s'] = round(time.time() - again, 1)
@@ -354,7 +345,7 @@ def _last_step(log):
 @contextlib.contextmanager
 def _local_gcs(workdir):
   """A local GCS server for the cycles, its variables in this process's environment (the soak's own
-  checks read the bucket) and so in every training process (less the caches, `_jobs_env`); stopped by pid
+  checks read the bucket) and so in every training process (less the caches: process.users_env); stopped by pid
   at the end."""
   from pax_autockpt.tools import local_gcs  # pylint: disable=g-import-not-at-top
   saved = dict(os.environ)
