@@ -25,9 +25,16 @@ def problem(needed: tuple[str, ...] = NEEDED) -> str | None:
           f'creates: `source {venv}/activate` once per shell, or `{venv}/python -m pax_autockpt.main ...`')
 
 
+def shell_path(path: str) -> str:
+  """`path` in the shortest form that works pasted in the current directory: relative below it."""
+  relative = os.path.relpath(path)
+  return path if relative.startswith('..') else relative
+
+
 def command(script: str) -> str:
   """`script` of this interpreter's environment (`pax-autockpt`, `python`) as a shell runs it when pasted
-  in the current directory: `.venv/bin/pax-autockpt` in the clone, whether or not the venv is activated."""
+  in the current directory: `.venv/bin/pax-autockpt` in the clone, whether or not the venv is activated (a
+  bare name would be looked up on PATH: then the whole path)."""
   path = os.path.join(os.path.dirname(sys.executable), script)
-  relative = os.path.relpath(path)
-  return relative if not relative.startswith('..') and os.sep in relative else path
+  shown = shell_path(path)
+  return shown if os.sep in shown else path

@@ -15,8 +15,9 @@ import sys  # pylint: disable=g-bad-import-order
 
 from pax_autockpt import environment  # pylint: disable=g-bad-import-order
 
-if environment.problem():  # one line, not a traceback, from an interpreter without paxml's environment
-  print(f'error: {environment.problem()}', file=sys.stderr, flush=True)
+_UNFIT = environment.problem()
+if _UNFIT:  # one line, not a traceback, from an interpreter without paxml's environment
+  print(f'error: {_UNFIT}', file=sys.stderr, flush=True)
   sys.exit(2)
 
 from pax_autockpt import precheck  # pylint: disable=g-import-not-at-top,wrong-import-position

@@ -24,12 +24,6 @@ def _row(label: str, value: str) -> str:
   return f'  {label:<28} : {value}'
 
 
-def _shell_path(path: str) -> str:
-  """`path` as the shortest form that works pasted in this directory."""
-  relative = os.path.relpath(path)
-  return path if relative.startswith('..') else relative
-
-
 def summary_lines(*, on_demand: int | None, sigterm_at_s: float, code1: int, exit_secs: float, agreed_secs: float,
                   resumed: int | None, code2: int, final: int | None, job_log_dir: str) -> list[str]:
   """The summary the demo prints before the job's report. The README shows it (`make demo`), and
@@ -44,7 +38,7 @@ def summary_lines(*, on_demand: int | None, sigterm_at_s: float, code1: int, exi
            'allows 300 s)'),
       _row('run 2 resumed from step', f'{resumed}'),
       _row('run 2 exit code', f'{code2}, trained to step {final}'),
-      _row('report', f'{environment.command("pax-autockpt")} report {_shell_path(job_log_dir)}'),
+      _row('report', f'{environment.command("pax-autockpt")} report {environment.shell_path(job_log_dir)}'),
   ]
 
 
