@@ -178,8 +178,8 @@ class PeerServer:
 def fetch_step_from(donors: list[tuple[str, int]], secret: str, step: int, folder: epath.PathLike, *,
                     timeout: float = 30.0) -> epath.Path:
   """Local step `step` from the first donor that serves it whole, each resuming what the one before left;
-  the last PeerUnavailable when none could. A refusal or damage ends the attempt: the secret is the job's,
-  the same for every donor, and damage removed the partial copy."""
+  the last PeerUnavailable when none could. A refusal or damage ends the attempt: the one secret given
+  holds for every donor listed, and damage removed the partial copy."""
   error = PeerUnavailable('no donor')
   for address in donors:
     try:
