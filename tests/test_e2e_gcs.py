@@ -189,9 +189,12 @@ def _launch_two(jobs, job, log, ready) -> process.Job:
   return launcher
 
 
+@pytest.mark.soak
 def test_two_hosts_on_one_bucket_sigterm_to_host_1_only_ocdbt_by_default_and_resumed(jobs, gcs, tmp_path):
-  """No format flag: gs:// gets OCDBT; SIGTERM to host 1 only -> one step everywhere, then resumed, and
-  the relaunch's launcher SIGKILLed: its hosts exit 143 and none outlives it."""
+  """`make soak` (~70 s of the suite: `make test` keeps OCDBT on gs:// in the grace test, a signal to host 1 only
+  on local disk in tests/test_e2e_multihost.py). No format flag: gs:// gets OCDBT; SIGTERM to host 1 only ->
+  one step everywhere, then resumed, and the relaunch's launcher SIGKILLed: its hosts exit 143 and none
+  outlives it."""
   job = gcs.url('two-hosts')
   host1_log = os.fspath(layout.host_log_path(job, 1))  # outside the test's folder: appended to by every run
   since = os.path.getsize(host1_log) if os.path.exists(host1_log) else 0
@@ -280,6 +283,8 @@ def test_grace_period_keeps_the_save_in_flight_or_exits_1_before_the_deadline(jo
   assert agreed not in [e['step'] for e in _last_run(job, 'save_started')]
   committed, _ = checkpoint_steps(job)
   assert committed[-1] == kept
+  assert '[autockpt] gs:// job directory: OCDBT checkpoints' in first.log()  # no format flag: OCDBT on gs://
+  assert (layout.step_dir(layout.checkpoint_dir(job), kept) / 'state' / 'manifest.ocdbt').exists()
   print(f'grace 10 s: kept the save of step {kept} in flight at step {agreed}; exit '
         f'{exit_["t"] - preemption["signal_at"]:.2f} s after the SIGTERM')
 
