@@ -13,6 +13,7 @@ from jax._src import distributed
 
 from pax_autockpt import agreement
 from pax_autockpt import background_save
+from pax_autockpt import buddy
 from pax_autockpt import costs as costs_lib
 from pax_autockpt import events as events_lib
 from pax_autockpt import exit_path
@@ -53,7 +54,7 @@ class AutockptCheckpointer:
 
   def __init__(self, inner: Any, *, settings: settings_lib.Settings, events: events_lib.EventLog,
                exit_after_ondemand_checkpoint: bool, enable_summaries: bool = True,
-               metrics: metrics_lib.StepMetrics | None = None):
+               metrics: metrics_lib.StepMetrics | None = None, slices: int = 1):
     self._inner = inner
     self._saving = internals.saving_enabled(inner)  # --enable_checkpoint_saving=false: Pax's saves are no-ops
     self._summaries = summaries_lib.SaveSummaries(events.job_log_dir,
@@ -99,13 +100,7 @@ class AutockptCheckpointer:
     self._first_iteration = True
     self._local, local, self._lineage, job = None, None, None, ''
     if settings.local_dir:
-      folder = layout.local_dir(settings.local_dir, events.host)
-      job, run = lineage_lib.identify(events.job_log_dir, events.host)
-      self._lineage = lineage_lib.Tracker(job, run)
-      self._local = local_saves.LocalSaves(folder, min_interval_secs=settings.local_min_interval_secs,
-                                           keep=settings.local_keep, events=events, lineage=self._lineage)
-      local = local_restore.LocalRestore(folder, host=events.host, hosts=jax.process_count(),
-                                         peer_port=settings.local_peer_port)
+      job, local = self._local_tier(settings, events, slices)
     self._restorer = restore_lib.Restorer(inner, events=events, checksums=settings.checksums,
                                           retry_secs=settings.restore_retry_secs,
                                           set_aside=self._forget_unrestorable,
@@ -233,6 +228,25 @@ class AutockptCheckpointer:
     self.last_step = step_i
     if self._saving and (self._latest_step() is None or self._latest_step() < step_i):
       self._save(step_i, 'final', state)
+
+  def _local_tier(self, settings: settings_lib.Settings, events: events_lib.EventLog,
+                  slices: int) -> tuple[str, local_restore.LocalRestore]:
+    """The local tier's saves (with buddy copies where asked for and there is another host) and restore;
+    returns the job's identity and the restore."""
+    folder = layout.local_dir(settings.local_dir, events.host)
+    job, run = lineage_lib.identify(events.job_log_dir, events.host)
+    self._lineage = lineage_lib.Tracker(job, run)
+    hosts, copies = jax.process_count(), None
+    if settings.local_buddy and hosts > 1:
+      copies = buddy.BuddyCopies(folder, host=events.host, hosts=hosts, slices=slices,
+                                 mb_per_sec=settings.local_buddy_mb_per_sec, nice=settings.background_nice,
+                                 address=local_restore.own_address(), port=settings.local_peer_port)
+    elif settings.local_buddy:
+      logging.warning('[autockpt] buddy copies: one host, no other disk to keep a copy on; none made.')
+    self._local = local_saves.LocalSaves(folder, min_interval_secs=settings.local_min_interval_secs,
+                                         keep=settings.local_keep, events=events, lineage=self._lineage,
+                                         on_commit=copies and copies.committed)
+    return job, local_restore.LocalRestore(folder, host=events.host, hosts=hosts, peer_port=settings.local_peer_port)
 
   def wait_until_finished(self):
     self._background.wait()

@@ -2,6 +2,7 @@
 process decides how it ends (exit code and `exit` event), under our main and under stock paxml main."""
 
 import errno
+import math
 import os
 import sys
 
@@ -36,7 +37,8 @@ class AutockptExecutor(executors.DefaultExecutor):
     wrapped = checkpointer_lib.AutockptCheckpointer(
         checkpointer, settings=self._settings, events=self._events,
         exit_after_ondemand_checkpoint=exit_after_ondemand_checkpoint,
-        enable_summaries=kwargs.get('enable_summary_writer', True), metrics=step_metrics)
+        enable_summaries=kwargs.get('enable_summary_writer', True), metrics=step_metrics,
+        slices=math.prod(getattr(jax_task.model, 'dcn_mesh_shape', None) or [1]))
     step = checkpointer.step_to_restore
     where = 'no checkpoint: starting fresh' if step is None else f'restoring step {step}'
     if self._settings.local_dir:

@@ -15,6 +15,8 @@ LOCAL_DIR/ (the local tier, one per host, --autockpt_local_dir with {host} repla
     shards.bin                         this host's shards, raw bytes back to back
     index.json                         where each shard is in shards.bin, its xxh3, every host's input
   step_%08d.partial                  a local save in progress (never restored; removed by the next commit)
+  buddy/step_%08d/                   a neighbour host's newest committed local step, kept for it (buddy
+                                     copies, pax_autockpt.buddy): the same form, its index names its host
 
 Committed means complete on storage, and differs by storage because orbax 0.5.9 commits differently:
 on a local disk (and any storage but gs://) it writes `checkpoint_N.orbax-checkpoint-tmp-<time>` and
@@ -282,6 +284,11 @@ def local_step_dir(folder: epath.PathLike, step: int) -> epath.Path:
 def local_partial_dir(folder: epath.PathLike, step: int, replaced: bool = False) -> epath.Path:
   """A local step being written; `replaced`: a committed one moved aside for a new copy of its step."""
   return epath.Path(folder) / f'step_{step:08d}{".replaced" if replaced else ""}{_LOCAL_PARTIAL}'
+
+
+def local_buddy_dir(folder: epath.PathLike) -> epath.Path:
+  """Where a host keeps its neighbour's newest committed local step (pax_autockpt.buddy)."""
+  return epath.Path(folder) / 'buddy'
 
 
 def local_committed_steps(folder: epath.PathLike) -> list[int]:

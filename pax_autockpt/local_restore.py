@@ -4,8 +4,9 @@ Every host lists its committed local steps and offers only those of this job's l
 another job's, or a rolled-back lineage's, are named and left where they are) that read back against their
 digests, with the fingerprint of the shards it needs on this run's mesh. From the same reports every host
 reaches the same plan (`choose`): the newest step for which every host has a copy of its own shards from
-one save — on its own disk, or on a peer's that holds the same shards (another data-parallel replica: a
-replaced VM with an empty disk) — if it is at least as new as the job directory's newest committed
+one save — on its own disk, on a peer's that holds the same shards (another data-parallel replica: a
+replaced VM with an empty disk), or in the buddy copy its keeper holds (pax_autockpt.buddy: a model without
+a replica) — if it is at least as new as the job directory's newest committed
 checkpoint (host 0's listing); else the job directory. A host without its own copy streams the peer's
 straight from it before anyone reads (`fill`, over pax_autockpt.peer_transfer's authenticated HTTP: the
 coordination service carries only the donor's address and the transfer's secret). Reading a local step
@@ -38,29 +39,39 @@ _FILL_WAIT_MS = 10 * 60 * 1000
 @dataclasses.dataclass(frozen=True)
 class HostReport:
   """What one host needs (its shards' fingerprint on this mesh) and has (usable local step -> (fingerprint,
-  lineage token)); host 0's also carries the job directory's newest committed step, which every host plans
-  against."""
+  lineage token)), and the buddy copies it keeps for a neighbour (the same); host 0's also carries the job
+  directory's newest committed step, which every host plans against."""
 
   needs: str
   has: dict[int, tuple[str, str]]
   bucket: int | None = None
+  buddy: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
 
   def encode(self) -> str:
     return json.dumps({'needs': self.needs, 'has': {str(s): list(f) for s, f in self.has.items()},
-                       'bucket': self.bucket})
+                       'bucket': self.bucket, 'buddy': {str(s): list(f) for s, f in self.buddy.items()}})
 
   @classmethod
   def decode(cls, text: str) -> 'HostReport':
     found = json.loads(text)
-    return cls(found['needs'], {int(s): tuple(f) for s, f in found['has'].items()}, found.get('bucket'))
+    return cls(found['needs'], {int(s): tuple(f) for s, f in found['has'].items()}, found.get('bucket'),
+               {int(s): tuple(f) for s, f in found.get('buddy', {}).items()})
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """Restore local `step`; host -> the host whose copy it restores (itself where it has one)."""
+  """Restore local `step`; host -> the host whose copy it restores (itself where it has one). A host without
+  its own copy has `sources`: every (donor, buddy) holding its shards, in the order it tries them (a replica's
+  own copy, then the buddy copy a peer keeps for it): a donor that dies mid-transfer sends it to the next."""
 
   step: int
   donors: dict[int, int]
+  sources: dict[int, tuple[tuple[int, bool], ...]] = dataclasses.field(default_factory=dict)
+
+  @property
+  def from_buddy(self) -> frozenset[int]:
+    """The hosts whose first donor serves the buddy copy it keeps for them."""
+    return frozenset(h for h, s in self.sources.items() if s[0][1])
 
   @property
   def filled(self) -> dict[int, int]:
@@ -69,30 +80,34 @@ class Plan:
 
 def choose(reports: dict[int, HostReport], hosts: int, bucket_step: int | None) -> Plan | None:
   """The newest local step every host can restore from copies of one save (one lineage token): its own
-  copy first, else the lowest peer's with the same shards; if the bucket has none newer. None: restore
-  from the bucket."""
+  copy first, else the lowest peer's with the same shards, else a buddy copy of its shards; if the bucket
+  has none newer. None: restore from the bucket."""
   if sorted(reports) != list(range(hosts)):
     return None
-  for step in sorted({s for r in reports.values() for s in r.has}, reverse=True):
+  copies = [c for r in reports.values() for c in (r.has, r.buddy)]
+  for step in sorted({s for c in copies for s in c}, reverse=True):
     if bucket_step is not None and step < bucket_step:
       return None
-    for token in sorted({r.has[step][1] for r in reports.values() if step in r.has}):
-      donors = _donors(reports, hosts, step, token)
-      if donors is not None:
-        return Plan(step, donors)
+    for token in sorted({c[step][1] for c in copies if step in c}):
+      plan = _donors(reports, hosts, step, token)
+      if plan is not None:
+        return plan
   return None
 
 
-def _donors(reports: dict[int, HostReport], hosts: int, step: int, token: str) -> dict[int, int] | None:
-  donors = {}
+def _donors(reports: dict[int, HostReport], hosts: int, step: int, token: str) -> Plan | None:
+  donors, sources = {}, {}
   for host in range(hosts):
     want = (reports[host].needs, token)
-    holders = [host] if reports[host].has.get(step) == want else []
-    holders += [g for g in range(hosts) if reports[g].has.get(step) == want]
-    if not holders:
+    if reports[host].has.get(step) == want:
+      donors[host] = host
+      continue
+    found = [(g, False) for g in range(hosts) if reports[g].has.get(step) == want]
+    found += [(g, True) for g in range(hosts) if g != host and reports[g].buddy.get(step) == want]
+    if not found:
       return None
-    donors[host] = holders[0]
-  return donors
+    donors[host], sources[host] = found[0][0], tuple(found)
+  return Plan(step, donors, sources)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,31 +129,35 @@ class LocalRestore:
 
   def __init__(self, folder: epath.PathLike, *, host: int, hosts: int, peer_port: int = 0):
     self.folder = epath.Path(folder)
+    self.buddy_folder = layout.local_buddy_dir(folder)  # a neighbour's copy (pax_autockpt.buddy)
     self._host, self._hosts = host, hosts
     self._peer_port = peer_port  # where this host serves its copy to a peer (pax_autockpt.peer_transfer)
     self._plans = 0  # a fresh coordination key for each plan of this run
     self.restored_lineage: lineage_lib.Lineage | None = None  # of the local step `load` read
     self.agreed_newest: int | None = None  # the job directory's newest checkpoint the last plan was made against
 
-  def usable_steps(self, needs_input: bool, job: JobState) -> dict[int, tuple[str, str]]:
+  def usable_steps(self, needs_input: bool, job: JobState, buddy: bool = False) -> dict[int, tuple[str, str]]:
     """Committed local steps of this job's lineage (`lineage.refusal`) at least as new as its newest
     checkpoint, that read back as written, for this number of hosts, with every host's input position
     where the run restores one: step -> (fingerprint, lineage token). Every other one is named in a line
-    and left where it is."""
+    and left where it is. `buddy`: the neighbour's copies this host keeps, not its own steps."""
     usable = {}
-    for step in layout.local_committed_steps(self.folder):
+    folder = self.buddy_folder if buddy else self.folder
+    for step in layout.local_committed_steps(folder):
       if job.newest is not None and step < job.newest:
         continue  # the job directory's is newer
-      why, found = self._refusal(step, needs_input, job)
+      why, found = self._refusal(folder, step, needs_input, job)
       if why is not None:
-        logging.warning('[autockpt] local step %d is not offered for the restore: %s', step, why)
+        logging.warning('[autockpt] %slocal step %d is not offered for the restore: %s',
+                        'the buddy copy of ' if buddy else '', step, why)
         continue
       usable[step] = (found['fingerprint'], local_tier.lineage_of(found).token)
     return usable
 
-  def _refusal(self, step: int, needs_input: bool, job: JobState) -> tuple[str | None, dict[str, Any]]:
-    """Why local `step` is not offered (None: it is), and its index."""
-    path = layout.local_step_dir(self.folder, step)
+  def _refusal(self, folder: epath.Path, step: int, needs_input: bool,
+               job: JobState) -> tuple[str | None, dict[str, Any]]:
+    """Why local `step` in `folder` is not offered (None: it is), and its index."""
+    path = layout.local_step_dir(folder, step)
     try:
       found = local_tier.read_index(path)
       lineage = local_tier.lineage_of(found)
@@ -157,21 +176,28 @@ class LocalRestore:
 
   def plan(self, needs: str, job: JobState, needs_input: bool) -> Plan | None:
     """Every host's reports, one plan on every host (against host 0's newest job-directory checkpoint)."""
-    try:
-      has = self.usable_steps(needs_input, job)
-    except OSError as e:
-      logging.warning('[autockpt] local tier %s unreadable: %s', self.folder, failures.one_line(e))
-      has = {}
+    has, buddy = self._offers(needs_input, job)
     self._plans += 1
-    found = agreement.reports(f'{_KEY}plan/{self._plans}', self._host, HostReport(needs, has, job.newest).encode())
+    found = agreement.reports(f'{_KEY}plan/{self._plans}', self._host,
+                              HostReport(needs, has, job.newest, buddy).encode())
     reports = {h: HostReport.decode(t) for h, t in found.items()}
     newest = self.agreed_newest = reports[0].bucket if 0 in reports else job.newest
     plan = choose(reports, self._hosts, newest)
-    where = ('the job directory' + ('' if newest is not None else ' (empty: a fresh start)') if plan is None else
-             f'local step {plan.step}' + (f', hosts {sorted(plan.filled)} from a peer\'s copy' if plan.filled else ''))
-    logging.info('[autockpt] local tier: this host offers steps %s; the job directory\'s newest checkpoint is %s; '
-                 'restoring %s.', sorted(has) or 'none', 'none' if newest is None else newest, where)
+    logging.info('[autockpt] local tier: this host offers steps %s%s; the job directory\'s newest checkpoint is %s; '
+                 'restoring %s.', sorted(has) or 'none', f' (and a buddy copy of {sorted(buddy)})' if buddy else '',
+                 'none' if newest is None else newest, _where(plan, newest))
     return plan
+
+  def _offers(self, needs_input: bool, job: JobState) -> tuple[dict, dict]:
+    """This host's usable steps and buddy copies; none from a folder that cannot be read."""
+    offers = []
+    for buddy, folder in ((False, self.folder), (True, self.buddy_folder)):
+      try:
+        offers.append(self.usable_steps(needs_input, job, buddy=buddy))
+      except OSError as e:
+        logging.warning('[autockpt] local tier %s unreadable: %s', folder, failures.one_line(e))
+        offers.append({})
+    return offers[0], offers[1]
 
   def fill(self, plan: Plan) -> bool:
     """Hosts without their own copy stream a peer's straight from it (pax_autockpt.peer_transfer: the
@@ -179,44 +205,57 @@ class LocalRestore:
     when every fill succeeded, else every host restores from the job directory."""
     client = distributed.global_state.client
     prefix = f'{_KEY}fill/{self._plans}/{plan.step}/'
-    error, server = None, None
+    kinds = sorted({buddy for found in plan.sources.values() for donor, buddy in found if donor == self._host})
+    error, servers = None, []
     try:
-      if self._host in plan.filled.values():
-        server = self._serve(client, f'{prefix}{self._host}/', plan.step)
-      if self._host in plan.filled:
-        self._receive(client, f'{prefix}{plan.filled[self._host]}/', plan.step, plan.filled[self._host])
+      for buddy in kinds:
+        servers.append(self._serve(client, f'{prefix}{self._host}/{int(buddy)}/', plan.step, buddy))
+      if self._host in plan.sources:
+        self._receive(client, prefix, plan.step, plan.sources[self._host])
     except Exception as e:  # pylint: disable=broad-except
       error = f'host {self._host}: {failures.one_line(e)}'
     try:
       failed = agreement.first_report(f'{prefix}done', self._host, error)
     finally:
-      if server is not None:
+      for server in servers:
         server.stop()  # every receiver is done with it (or the job is)
-    if self._host in plan.filled.values():
+    if kinds:
       _release(client, f'{prefix}{self._host}')
     if failed is not None:
       logging.warning('[autockpt] local step %d could not be copied from a peer (%s): restoring from the job '
                       'directory.', plan.step, failed)
     return failed is None
 
-  def _serve(self, client: Any, prefix: str, step: int) -> peer_transfer.PeerServer:
-    """This host's copy of `step`, and nothing else, served to the peers that need it."""
-    path = layout.local_step_dir(self.folder, step)
+  def _serve(self, client: Any, prefix: str, step: int, buddy: bool) -> peer_transfer.PeerServer:
+    """This host's copy of `step` (`buddy`: the one it keeps for a neighbour), and nothing else, served to the
+    peers that need it."""
+    path = layout.local_step_dir(self.buddy_folder if buddy else self.folder, step)
     secret = peer_transfer.new_secret()
-    server = peer_transfer.PeerServer(lambda s: path if s == step else None, secret, host=_own_address(),
+    server = peer_transfer.PeerServer(lambda s: path if s == step else None, secret, host=own_address(),
                                       port=self._peer_port)
     address = server.start()
     client.key_value_set(f'{prefix}peer', json.dumps({'address': list(address), 'secret': secret}))
     return server
 
-  def _receive(self, client: Any, prefix: str, step: int, donor: int) -> None:
-    peer = json.loads(client.blocking_key_value_get(f'{prefix}peer', _FILL_WAIT_MS))
-    began = time.monotonic()
-    path = peer_transfer.fetch_step_from([tuple(peer['address'])], peer['secret'], step, self.folder)
-    nbytes = os.path.getsize(path / layout.LOCAL_SHARDS)
-    took = time.monotonic() - began
-    logging.info('[autockpt] local step %d received from host %d in %.3f s (%.1f MB, %.0f MB/s).', step, donor,
-                 took, nbytes / 1e6, nbytes / 1e6 / max(took, 1e-6))
+  def _receive(self, client: Any, prefix: str, step: int, sources: tuple[tuple[int, bool], ...]) -> None:
+    """`step` from the first of `sources` that serves it whole, each resuming what the one before left."""
+    error = None
+    for donor, buddy in sources:
+      peer = json.loads(client.blocking_key_value_get(f'{prefix}{donor}/{int(buddy)}/peer', _FILL_WAIT_MS))
+      began = time.monotonic()
+      try:
+        path = peer_transfer.fetch_step(tuple(peer['address']), peer['secret'], step, self.folder)
+      except peer_transfer.PeerUnavailable as e:
+        logging.warning('[autockpt] local step %d from host %d: %s', step, donor, failures.one_line(e))
+        error = e
+        continue
+      nbytes = os.path.getsize(path / layout.LOCAL_SHARDS)
+      took = time.monotonic() - began
+      logging.info('[autockpt] local step %d received from host %d%s in %.3f s (%.1f MB, %.0f MB/s).', step, donor,
+                   ' (the buddy copy it keeps for this host)' if buddy else '', took, nbytes / 1e6,
+                   nbytes / 1e6 / max(took, 1e-6))
+      return
+    raise error
 
   def load(self, step: int, shapes: Any, mesh: Any, specs: Any) -> tuple[Any, bytes | None]:
     """The state of local step `step` on this mesh, read back against its digests, and this host's input
@@ -228,7 +267,16 @@ class LocalRestore:
     return local_tier.arrays_for(shards, shapes, mesh, specs), local_tier.input_state(found, self._host)
 
 
-def _own_address() -> str:
+def _where(plan: Plan | None, newest: int | None) -> str:
+  if plan is None:
+    return 'the job directory' + ('' if newest is not None else ' (empty: a fresh start)')
+  peers = sorted(h for h in plan.filled if h not in plan.from_buddy)
+  buddies = sorted(h for h in plan.filled if h in plan.from_buddy)
+  return (f'local step {plan.step}' + (f', hosts {peers} from a peer\'s copy' if peers else '') +
+          (f', hosts {buddies} from the buddy copy a peer keeps for them' if buddies else ''))
+
+
+def own_address() -> str:
   """The address this host reaches the job's coordinator from: the interface its peers reach it on (a UDP
   socket's connect sends nothing). 127.0.0.1 for local hosts, and where no coordinator is known."""
   coordinator = distributed.global_state.coordinator_address

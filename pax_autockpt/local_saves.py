@@ -16,7 +16,7 @@ commit the newest `local_keep` steps this run committed stay; every other commit
 import base64
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from absl import logging
 from etils import epath
@@ -41,7 +41,7 @@ class LocalSaves:
   """The local tier's saves for one host (see the module docstring)."""
 
   def __init__(self, folder: epath.PathLike, *, min_interval_secs: float, keep: int, events: events_lib.EventLog,
-               lineage: lineage_lib.Tracker):
+               lineage: lineage_lib.Tracker, on_commit: Callable[[int], None] | None = None):
     self.folder = epath.Path(folder)
     self.folder.mkdir(parents=True, exist_ok=True)
     self._host, self._hosts = events.host, jax.process_count()
@@ -57,6 +57,7 @@ class LocalSaves:
     self._newest = -1  # the newest step saved (or restored from here): leftovers of other runs do not count
     self._mine: list[int] = []  # the steps this run committed, oldest first
     self._summary = CommitSummary(events)
+    self._on_commit = on_commit  # after every host committed a step (buddy copies)
 
   def restored(self, step: int) -> None:
     """The run restored local step `step`: it is not saved again."""
@@ -116,6 +117,8 @@ class LocalSaves:
     self._mine.append(step)
     self._summary.add(step, time.monotonic() - began[1], snapshot.nbytes)
     self._prune()
+    if self._on_commit is not None:
+      self._on_commit(step)
 
   def _exchange(self, step: int, mine: bytes | None) -> dict[int, bytes | None]:
     """Every host's input position at `step`, once every host has written its part (one host: its own)."""

@@ -27,6 +27,7 @@ import secrets
 import socket
 import sys
 import threading
+import time
 from typing import Any, Callable
 
 from absl import logging
@@ -176,14 +177,14 @@ class PeerServer:
 
 
 def fetch_step_from(donors: list[tuple[str, int]], secret: str, step: int, folder: epath.PathLike, *,
-                    timeout: float = 30.0) -> epath.Path:
+                    timeout: float = 30.0, max_bytes_per_sec: float | None = None) -> epath.Path:
   """Local step `step` from the first donor that serves it whole, each resuming what the one before left;
   the last PeerUnavailable when none could. A refusal or damage ends the attempt: the one secret given
   holds for every donor listed, and damage removed the partial copy."""
   error = PeerUnavailable('no donor')
   for address in donors:
     try:
-      return fetch_step(address, secret, step, folder, timeout=timeout)
+      return fetch_step(address, secret, step, folder, timeout=timeout, max_bytes_per_sec=max_bytes_per_sec)
     except PeerUnavailable as e:
       logging.warning('[autockpt] peer transfer: %s', e)
       error = e
@@ -191,13 +192,14 @@ def fetch_step_from(donors: list[tuple[str, int]], secret: str, step: int, folde
 
 
 def fetch_step(address: tuple[str, int], secret: str, step: int, folder: epath.PathLike, *,
-               timeout: float = 30.0) -> epath.Path:
+               timeout: float = 30.0, max_bytes_per_sec: float | None = None) -> epath.Path:
   """Local step `step` from the donor at `address` into `folder`, committed only once every shard matched
   the donor's index (whose own digest is checked first); returns the committed step directory.
 
   PeerUnavailable (the partial copy stays: the next fetch resumes it), PeerRefused, LocalDamage (the
   donor's copy does not match its index: the partial copy is removed). `timeout`: the seconds a connect or
-  one read may wait (not the whole transfer's, which grows with the share)."""
+  one read may wait (not the whole transfer's, which grows with the share); `max_bytes_per_sec`: a cap on
+  the shards' rate (None: as fast as the network and disk go), for a copy that must not compete with training."""
   where = f'{address[0]}:{address[1]} step {step}'
   with _get(address, secret, step, layout.LOCAL_INDEX, 0, timeout) as response:
     if (response.length or 0) > INDEX_LIMIT:
@@ -209,7 +211,8 @@ def fetch_step(address: tuple[str, int], secret: str, step: int, folder: epath.P
   partial = layout.local_partial_dir(folder, step)
   partial.mkdir(parents=True, exist_ok=True)
   try:
-    _receive_shards(address, secret, step, partial / layout.LOCAL_SHARDS, _entries(found, where), timeout)
+    _receive_shards(address, secret, step, partial / layout.LOCAL_SHARDS, _entries(found, where), timeout,
+                    max_bytes_per_sec)
   except local_tier.LocalDamage:
     partial.rmtree(missing_ok=True)
     raise
@@ -262,7 +265,8 @@ class _Check:
 
 
 def _receive_shards(address: tuple[str, int], secret: str, step: int, path: epath.Path,
-                    entries: list[tuple[int, int, str, str]], timeout: float) -> None:
+                    entries: list[tuple[int, int, str, str]], timeout: float,
+                    max_bytes_per_sec: float | None = None) -> None:
   """shards.bin from the donor into `path`, after what a cut transfer left there (read back and checked
   first); synced once whole."""
   where = f'{address[0]}:{address[1]} step {step}'
@@ -273,7 +277,7 @@ def _receive_shards(address: tuple[str, int], secret: str, step: int, path: epat
         raise local_tier.LocalDamage(f'{where}: {layout.LOCAL_SHARDS} answered {response.length} bytes from '
                                      f'{check.size}; its index says {check.total - check.size}')
       with open(path, 'ab') as f:
-        _copy(response, f, check, where)
+        _copy(response, f, check, where, max_bytes_per_sec)
   with open(path, 'rb+') as f:
     os.fsync(f.fileno())
 
@@ -295,11 +299,16 @@ def _resumable(path: epath.Path, entries: list[tuple[int, int, str, str]], where
   return _Check(entries, where)
 
 
-def _copy(response: http.client.HTTPResponse, f: Any, check: _Check, where: str) -> None:
-  """The response's body onto `f` and through `check`, one buffer at a time."""
+def _copy(response: http.client.HTTPResponse, f: Any, check: _Check, where: str,
+          max_bytes_per_sec: float | None = None) -> None:
+  """The response's body onto `f` and through `check`, one buffer at a time (at most `max_bytes_per_sec`
+  on average since the copy began: it sleeps where it ran ahead)."""
   view, want = memoryview(bytearray(BUFFER_BYTES)), check.total
+  began, start = time.monotonic(), check.size
   try:
     while check.size < want:
+      if max_bytes_per_sec:
+        time.sleep(max(0.0, began + (check.size - start) / max_bytes_per_sec - time.monotonic()))
       n = response.readinto(view[:min(BUFFER_BYTES, want - check.size)])
       if not n:
         raise PeerUnavailable(f'{where}: the connection closed at byte {check.size} of {want}')

@@ -83,6 +83,10 @@ def _port(v):
   return None if _integer(v) and 0 <= v <= 65535 else 'use a TCP port 1..65535, or 0 for any free port'
 
 
+def _mb_per_sec(v):
+  return None if _number(v) and v > 0 else 'use a rate in MB/s > 0'
+
+
 def _nice(v):
   return None if _integer(v) and 0 <= v <= 19 else 'use a Linux nice value from 0 (as training) to 19 (the lowest)'
 
@@ -185,6 +189,14 @@ class Settings:
                                 "that lost its own (a replaced VM), on the address the job's wiring reaches the "
                                 'coordinator from; each request carries a secret made for the transfer (0: any free '
                                 'port)', rule=_port)
+  local_buddy: bool = option(False, "local tier: each host also keeps its neighbour's newest committed local step "
+                             "(the same host of the next slice, else the next host), copied over the peer path in "
+                             "the background after each local commit: a restart where any one host lost its disk "
+                             "restores the newest local step even without a data-parallel replica (twice the local "
+                             "tier's disk space; each commit's share crosses the network once more)", rule=_bool)
+  local_buddy_mb_per_sec: float = option(200.0, "local tier, buddy copies: the most MB/s a host's background copy "
+                                         "of its neighbour's step takes (so that it leaves the network and disk to "
+                                         'training and the bucket saves)', rule=_mb_per_sec)
   save_policy: Any = option(None, 'any save-decision policy object, or a `pax_fiddle.Config` of one',
                             rule=_save_policy, flag=False,
                             replaced_by=('continuous', 'min_interval_secs', 'mtbf_hours'))

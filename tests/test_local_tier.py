@@ -117,8 +117,9 @@ def test_steps_without_every_hosts_input_position_or_for_another_number_of_hosts
 
 def test_the_plan_takes_the_newest_step_every_host_can_restore_from_its_own_copy_or_a_replicas():
   reports = {0: HostReport('A', {100: ('A', 'j/r'), 200: ('A', 'j/r')}), 1: HostReport('A', {100: ('A', 'j/r')})}
-  assert local_restore.choose(reports, 2, bucket_step=50) == Plan(200, {0: 0, 1: 0})  # host 1 from host 0
-  assert local_restore.choose(reports, 2, bucket_step=None) == Plan(200, {0: 0, 1: 0})
+  from_0 = Plan(200, {0: 0, 1: 0}, {1: ((0, False),)})  # host 1 from host 0
+  assert local_restore.choose(reports, 2, bucket_step=50) == from_0
+  assert local_restore.choose(reports, 2, bucket_step=None) == from_0
   # A replaced VM (empty disk) is filled by a replica; a host holding other shards cannot fill it.
   replaced = {0: HostReport('A', {200: ('A', 'j/r')}), 1: HostReport('A', {})}
   assert local_restore.choose(replaced, 2, None).filled == {1: 0}
@@ -127,7 +128,28 @@ def test_the_plan_takes_the_newest_step_every_host_can_restore_from_its_own_copy
   # 2 slices of 2: hosts 0/2 and 1/3 are replicas; each missing host takes its own replica's copy.
   slices = {0: HostReport('A', {300: ('A', 'j/r')}), 1: HostReport('B', {}), 2: HostReport('A', {}),
             3: HostReport('B', {300: ('B', 'j/r')})}
-  assert local_restore.choose(slices, 4, 100) == Plan(300, {0: 0, 1: 3, 2: 0, 3: 3})
+  assert local_restore.choose(slices, 4, 100) == Plan(300, {0: 0, 1: 3, 2: 0, 3: 3},
+                                                      {1: ((3, False),), 2: ((0, False),)})
+
+
+def test_a_host_without_a_replica_restores_the_buddy_copy_a_peer_keeps_for_it_after_any_replicas():
+  # One slice, no replica: host 1's disk was replaced; host 0 keeps host 1's newest step (buddy copies).
+  reports = {0: HostReport('A', {300: ('A', 'j/r')}, buddy={300: ('B', 'j/r')}), 1: HostReport('B', {})}
+  plan = local_restore.choose(reports, 2, 200)
+  assert plan == Plan(300, {0: 0, 1: 0}, {1: ((0, True),)}) and plan.from_buddy == {1}
+  # A buddy copy of another save (another lineage), or of other shards, is no source.
+  other = {0: HostReport('A', {300: ('A', 'j/r')}, buddy={300: ('B', 'j/other')}), 1: HostReport('B', {})}
+  assert local_restore.choose(other, 2, None) is None
+  # 2 slices of 2 with replicas and buddies: a replica's own copy first, then a buddy copy; a host never its own
+  # buddy. Both are listed, so that a donor that dies mid-transfer sends the receiver to the next.
+  both = {0: HostReport('A', {300: ('A', 'j/r')}, buddy={300: ('B', 'j/r')}), 1: HostReport('B', {}),
+          2: HostReport('A', {300: ('A', 'j/r')}), 3: HostReport('B', {300: ('B', 'j/r')}, buddy={300: ('A', 'j/r')})}
+  plan = local_restore.choose(both, 4, None)
+  assert plan.sources == {1: ((3, False), (0, True))} and plan.from_buddy == set()
+  # A step only some buddy copies hold is still a candidate when every host can be served.
+  lost = {0: HostReport('A', {}, buddy={300: ('B', 'j/r')}), 1: HostReport('B', {300: ('B', 'j/r')},
+                                                                          buddy={300: ('A', 'j/r')})}
+  assert local_restore.choose(lost, 2, None) == Plan(300, {0: 1, 1: 1}, {0: ((1, True),)})
 
 
 def test_the_bucket_wins_when_it_is_newer_or_a_host_did_not_report():
@@ -141,7 +163,7 @@ def test_the_bucket_wins_when_it_is_newer_or_a_host_did_not_report():
 
 
 def test_reports_travel_as_text():
-  report = HostReport('A', {100: ('A', 'j/r'), 7: ('B', 'j/r')})
+  report = HostReport('A', {100: ('A', 'j/r'), 7: ('B', 'j/r')}, 5, buddy={100: ('C', 'j/r')})
   assert HostReport.decode(report.encode()) == report
 
 
@@ -196,7 +218,7 @@ def test_a_step_is_restored_only_from_copies_of_one_save():
   assert local_restore.choose(reports, 2, None) == Plan(100, {0: 0, 1: 1})
   # Replicas: either save's copies make a whole state; the first token's serves every host.
   reports = {0: HostReport('A', {200: ('A', 'j/r2')}), 1: HostReport('A', {200: ('A', 'j/r1')})}
-  assert local_restore.choose(reports, 2, None) == Plan(200, {0: 1, 1: 1})
+  assert local_restore.choose(reports, 2, None) == Plan(200, {0: 1, 1: 1}, {0: ((1, False),)})
 
 
 def test_local_saves_keep_this_runs_newest_and_remove_every_other_step(tmp_path):
@@ -274,7 +296,7 @@ from pax_autockpt import local_restore
 host, port, folder = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 jax.distributed.initialize('127.0.0.1:' + port, num_processes=2, process_id=host)
 restore = local_restore.LocalRestore(folder, host=host, hosts=2)
-ok = restore.fill(local_restore.Plan(step=12, donors={0: 0, 1: 0}))
+ok = restore.fill(local_restore.Plan(step=12, donors={0: 0, 1: 0}, sources={1: ((0, False),)}))
 keys = sorted(k for k, _ in distributed.global_state.client.key_value_dir_get('autockpt/local/fill/'))
 print(json.dumps({'ok': ok, 'keys': keys}), flush=True)
 '''
@@ -297,3 +319,69 @@ def test_a_replaced_host_streams_its_copy_from_the_donor_and_the_service_keeps_o
     assert (received / name).read_bytes() == (donor / name).read_bytes()
   assert not [k for k in results[1]['keys'] if '/peer' in k], results[1]['keys']
   assert 'local step 12 received from host 0 in ' in outs[1][1]
+
+
+_BUDDY = '''
+import json, logging, shutil, sys, time
+import jax
+from jax._src import distributed
+logging.basicConfig(level=logging.INFO)  # absl's lines through Python's root logger, on stderr
+from pax_autockpt import buddy, layout, local_restore
+host, port, folder, needs = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+jax.distributed.initialize('127.0.0.1:' + port, num_processes=2, process_id=host)
+client = distributed.global_state.client
+copies = buddy.BuddyCopies(folder, host=host, hosts=2, slices=1, mb_per_sec=50, nice=10, address='127.0.0.1')
+copies.committed(12)  # as LocalSaves calls it once every host committed step 12
+deadline = time.time() + 60
+while not layout.local_step_dir(copies.kept, 12).exists() and time.time() < deadline:
+  time.sleep(0.05)
+client.key_value_set(f'test/copied/{host}', 'x')
+for h in (0, 1):
+  client.blocking_key_value_get(f'test/copied/{h}', 60000)
+if host == 1:
+  shutil.rmtree(folder)  # the VM replaced: its disk, and the buddy copy it kept, gone
+restore = local_restore.LocalRestore(folder, host=host, hosts=2)
+plan = restore.plan(needs, local_restore.JobState('job-a', committed=[], set_aside=[]), needs_input=False)
+ok = plan is not None and restore.fill(plan)
+sources = plan and {str(h): s for h, s in plan.sources.items()}
+print(json.dumps({'ok': ok, 'step': plan and plan.step, 'sources': sources}), flush=True)
+'''
+
+
+def test_buddy_copies_let_a_host_without_a_replica_that_lost_its_disk_restore_the_newest_local_step(tmp_path):
+  """Two real processes of one job, the model split between them (each host's shards differ: no replica).
+  With buddy copies each host keeps the other's newest local step; host 1's disk then goes (a replaced VM):
+  the plan restores local step 12 on both, host 1's share streamed from the buddy copy host 0 keeps, byte for
+  byte what host 1 had written."""
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ('data', 'mdl'))
+  written = {}
+  for host in (0, 1):  # host 1's half of the model has another shape: another fingerprint
+    state = {'w': jax.device_put(jnp.full((3, 4 + 4 * host), host + 1.5), jax.sharding.NamedSharding(mesh, P()))}
+    step_dir = _save(tmp_path / f'local-{host}', 12, state, _Input(12), hosts=2)
+    written[host] = {n: (step_dir / n).read_bytes() for n in (layout.LOCAL_INDEX, layout.LOCAL_SHARDS)}
+  needs = [json.loads(written[h][layout.LOCAL_INDEX])['fingerprint'] for h in (0, 1)]
+  assert needs[0] != needs[1]
+  port = str(hosts.free_loopback_port())
+  procs = [subprocess.Popen([sys.executable, '-c', _BUDDY, str(h), port, str(tmp_path / f'local-{h}'), needs[h]],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for h in (0, 1)]
+  outs = [p.communicate(timeout=180) for p in procs]
+  results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+  assert results == [{'ok': True, 'step': 12, 'sources': {'1': [[0, True]]}}] * 2, [err[-3000:] for _, err in outs]
+  assert 'buddy copies: 1 of host 1\'s local steps copied, newest 12' in outs[0][1]
+  assert 'restoring local step 12, hosts [1] from the buddy copy a peer keeps for them' in outs[1][1]
+  assert 'local step 12 received from host 0 (the buddy copy it keeps for this host)' in outs[1][1]
+  for host in (0, 1):
+    restored = layout.local_step_dir(tmp_path / f'local-{host}', 12)
+    assert {n: (restored / n).read_bytes() for n in written[host]} == written[host]
+  kept = layout.local_step_dir(layout.local_buddy_dir(tmp_path / 'local-0'), 12)
+  assert (kept / layout.LOCAL_SHARDS).read_bytes() == written[1][layout.LOCAL_SHARDS]
+
+
+@pytest.mark.parametrize('hosts_, slices, keepers', [
+    (1, 1, [None]), (2, 1, [1, 0]), (3, 1, [1, 2, 0]), (4, 2, [2, 3, 0, 1]), (4, 4, [1, 2, 3, 0]),
+    (6, 4, [1, 2, 3, 4, 5, 0])])
+def test_a_hosts_keeper_is_the_same_host_of_the_next_slice_else_the_next_host(hosts_, slices, keepers):
+  from pax_autockpt import buddy  # pylint: disable=g-import-not-at-top
+  assert [buddy.keeper(h, hosts_, slices) for h in range(hosts_)] == keepers
+  if hosts_ > 1:
+    assert [buddy.owner(k, hosts_, slices) for k in keepers] == list(range(hosts_))

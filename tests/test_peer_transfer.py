@@ -4,6 +4,7 @@ memory)."""
 
 import http.client
 import socket
+import time
 import tracemalloc
 import types
 
@@ -230,3 +231,16 @@ def test_memory_stays_bounded_by_the_buffer_not_the_shares_size(tmp_path):
       tracemalloc.stop()
   assert peak < 8 << 20, peak
   _same_files(donor, got)
+
+
+def test_a_capped_fetch_takes_at_least_its_bytes_over_the_cap_and_arrives_whole(tmp_path):
+  """A background copy (buddy copies) is capped: 8 MB at 16 MB/s cannot take less than 0.5 s (a lower bound
+  the cap's sleeps make sure of, not a timing of this machine)."""
+  donor = _donor(tmp_path / 'donor', 5, rows=64, cols=32 * 1024)
+  size = (donor / layout.LOCAL_SHARDS).stat().length
+  with _server(tmp_path / 'donor') as server:
+    began = time.monotonic()
+    got = peer_transfer.fetch_step(server.address, SECRET, 5, tmp_path / 'got', max_bytes_per_sec=16e6)
+    took = time.monotonic() - began
+  assert size > 8e6 and took >= (size - peer_transfer.BUFFER_BYTES) / 16e6, (size, took)
+  assert (got / layout.LOCAL_SHARDS).read_bytes() == (donor / layout.LOCAL_SHARDS).read_bytes()

@@ -1,0 +1,177 @@
+"""Buddy copies: each host also keeps its neighbour's newest committed local step (`--autockpt_local_buddy`).
+
+Without a data-parallel replica (a model sharded over every host of one slice) a host that lost its disk has
+no peer holding its shards, and every host falls back to the job directory. With buddy copies each host's
+newest committed local step is also on one other host, its keeper: the same host of the next slice where
+there are several slices (losing one slice then never takes both copies), else the next host. After each
+local commit the keeper streams that step from its owner over the peer path (pax_autockpt.peer_transfer:
+this job's secret, each shard checked against its digest as it arrives, a `.partial` committed by rename)
+into `buddy/` of its own local tier, on one background thread at the background nice value and capped at
+`local_buddy_mb_per_sec`, and keeps only the newest copy. A copy that falls behind skips to the newest
+commit; one that fails logs a line and the next commit tries again. A restart's plan
+(pax_autockpt.local_restore) uses a buddy copy after a host's own copy and a replica's. The owner serves only
+the steps this run committed; the coordination service carries only its address and secret.
+"""
+
+import json
+import os
+import threading
+import time
+
+from absl import logging
+from etils import epath
+from jax._src import distributed
+
+from pax_autockpt import background_save
+from pax_autockpt import failures
+from pax_autockpt import layout
+from pax_autockpt import peer_transfer
+
+_KEY = 'autockpt/buddy/'
+RETRY_SECS = 10.0  # an owner renames its step a moment after its keeper does: a 404 is retried this long
+ADDRESS_WAIT_MS = 60_000  # every host publishes its address before the first local commit can happen
+OFFERED = 1000  # this run's commits within this many steps of its newest are served (a copy may lag behind)
+LOG_SECS = 60.0  # at most one line on the copies per this long (after the first)
+
+
+def _per_slice(hosts: int, slices: int) -> int:
+  return hosts // slices if 1 < slices < hosts and hosts % slices == 0 else 1
+
+
+def keeper(host: int, hosts: int, slices: int = 1) -> int | None:
+  """The host that keeps `host`'s copy: the same host of the next slice, else the next host; None for one
+  host (there is no other disk)."""
+  return None if hosts < 2 else (host + _per_slice(hosts, slices)) % hosts
+
+
+def owner(host: int, hosts: int, slices: int = 1) -> int | None:
+  """The host whose copy `host` keeps (the inverse of `keeper`)."""
+  return None if hosts < 2 else (host - _per_slice(hosts, slices)) % hosts
+
+
+class BuddyCopies:
+  """One host's side: serves the local steps it committed to its keeper, and keeps its owner's newest."""
+
+  def __init__(self, folder: epath.PathLike, *, host: int, hosts: int, slices: int, mb_per_sec: float,
+               nice: int, address: str, port: int = 0):
+    self.folder = epath.Path(folder)
+    self.kept = layout.local_buddy_dir(folder)
+    self.owner = owner(host, hosts, slices)
+    self._rate, self._nice = mb_per_sec * 1e6, nice
+    self._client = distributed.global_state.client
+    self._offered: set[int] = set()  # this run's recent commits: nothing else on this disk is served
+    self._cond = threading.Condition()
+    self._wanted: int | None = None
+    self._closed = False
+    self._peer: dict | None = None  # the owner's address and secret, read once
+    self._log = _Log()
+    self._host, self._keeper, self._address = host, keeper(host, hosts, slices), (address, port)
+    self._server: peer_transfer.PeerServer | None = None
+    self._thread = threading.Thread(target=self._run, name='autockpt-buddy', daemon=True)
+
+  def _start(self) -> None:
+    """At the first commit (after the restore, whose own transfers may use the same port): the server, its
+    address and secret published for the keeper, and the copying thread."""
+    secret = peer_transfer.new_secret()
+    self._server = peer_transfer.PeerServer(self._serve, secret, host=self._address[0], port=self._address[1])
+    bound = self._server.start()
+    self._client.key_value_set(f'{_KEY}{self._host}', json.dumps({'address': list(bound), 'secret': secret}))
+    self._thread.start()
+    logging.info('[autockpt] buddy copies: this host keeps host %d\'s newest local step in %s (at most %.0f MB/s); '
+                 'host %d keeps this host\'s.', self.owner, self.kept, self._rate / 1e6, self._keeper)
+
+  def committed(self, step: int) -> None:
+    """Every host committed local `step` (a local commit waits for every host's part): serve this host's,
+    and copy the owner's."""
+    if self._server is None:
+      self._start()
+    with self._cond:
+      self._offered = {s for s in self._offered if s > step - OFFERED} | {step}
+      self._wanted = step
+      self._cond.notify()
+
+  def close(self) -> None:
+    """No more copies; the copy in flight, if any, ends with the process."""
+    with self._cond:
+      self._closed = True
+      self._cond.notify()
+
+  def _serve(self, step: int) -> epath.Path | None:
+    with self._cond:
+      return layout.local_step_dir(self.folder, step) if step in self._offered else None
+
+  def _run(self) -> None:
+    background_save.lower_priority(self._nice)
+    while True:
+      with self._cond:
+        self._cond.wait_for(lambda: self._wanted is not None or self._closed)
+        if self._closed:
+          return
+        step, self._wanted = self._wanted, None
+      self._copy(step)
+
+  def _copy(self, step: int) -> None:
+    """The owner's `step` into `buddy/`, retried while the owner has not renamed it yet; then the older go."""
+    began = time.monotonic()
+    try:
+      path = self._fetch(step, began + RETRY_SECS)
+    except Exception as e:  # pylint: disable=broad-except  (a copy is a spare: training goes on)
+      self._log.failed(step, self.owner, e)
+      return
+    if path is None:
+      return  # a newer commit came first: that one is copied instead
+    self._prune(step)
+    nbytes = os.path.getsize(path / layout.LOCAL_SHARDS)
+    self._log.copied(step, self.owner, nbytes, time.monotonic() - began)
+
+  def _fetch(self, step: int, deadline: float) -> epath.Path | None:
+    if self._peer is None:
+      self._peer = json.loads(self._client.blocking_key_value_get(f'{_KEY}{self.owner}', ADDRESS_WAIT_MS))
+    while True:
+      try:
+        return peer_transfer.fetch_step(tuple(self._peer['address']), self._peer['secret'], step, self.kept,
+                                        max_bytes_per_sec=self._rate)
+      except peer_transfer.PeerUnavailable:
+        with self._cond:
+          newer = self._wanted is not None or self._closed
+        if newer:
+          return None
+        if time.monotonic() > deadline:
+          raise
+        time.sleep(0.2)
+
+  def _prune(self, newest: int) -> None:
+    try:
+      for step in layout.local_committed_steps(self.kept):
+        if step != newest:
+          layout.local_step_dir(self.kept, step).rmtree()
+      for step, partial in layout.local_partials(self.kept):
+        if step < newest:
+          partial.rmtree()
+    except OSError as e:
+      logging.warning('[autockpt] could not prune the buddy copies in %s: %s', self.kept, failures.one_line(e))
+
+
+class _Log:
+  """The first copy in a line, then one line per LOG_SECS at most (copies since, newest, rate); a failure at
+  most once per LOG_SECS."""
+
+  def __init__(self):
+    self._copies, self._last_line, self._last_failure = 0, None, -float('inf')
+
+  def copied(self, step: int, owner: int, nbytes: int, took: float) -> None:
+    self._copies += 1
+    now = time.monotonic()
+    if self._last_line is not None and now - self._last_line < LOG_SECS:
+      return
+    since = '' if self._last_line is None else f' in the last {LOG_SECS:.0f} s'
+    logging.info('[autockpt] buddy copies: %d of host %d\'s local steps copied%s, newest %d (%.1f MB in %.2f s, '
+                 '%.0f MB/s).', self._copies, owner, since, step, nbytes / 1e6, took, nbytes / 1e6 / max(took, 1e-6))
+    self._copies, self._last_line = 0, now
+
+  def failed(self, step: int, owner: int, error: Exception) -> None:
+    now = time.monotonic()
+    if now - self._last_failure >= LOG_SECS:
+      self._last_failure = now
+      logging.warning('[autockpt] buddy copy of host %d\'s local step %d failed (%s); the next commit tries again.',
+                      owner, step, failures.one_line(error))
