@@ -146,11 +146,13 @@ class LocalSaves:
         pass  # jaxlib 0.4.26 deletes, then cannot convert the returned absl::Status
 
   def _prune(self) -> None:
-    """The newest `keep` steps this run committed stay; every other committed step (older, another job's
-    or lineage's: the directory is this run's now) and leftovers of older saves go."""
+    """The newest `keep` steps this run committed stay, and the one of the step this host keeps a buddy copy
+    of (its own half of that state, pax_autockpt.buddy); every other committed step (older, another job's or
+    lineage's: the directory is this run's now) and leftovers of older saves go."""
     kept = set(self._mine[-self._keep:])
     del self._mine[:-self._keep]
     newest = max(kept)
+    kept |= set(layout.local_committed_steps(layout.local_buddy_dir(self.folder)))  # with the buddy copy, a state
     try:
       for step in layout.local_committed_steps(self.folder):
         if step not in kept:

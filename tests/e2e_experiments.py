@@ -70,3 +70,13 @@ class TinyShortSchedule(lm_cloud_autockpt.LmCloudSpmdTinyAutockpt):
 
   NUM_TRAIN_STEPS = 600
   CHECKPOINT_EVERY_N_STEPS = 200
+
+
+@experiment_registry.register
+class TinyModelParallelRareSaves(bench_experiments.TinyModelParallelAutockpt):
+  """One slice over every local host (ICI [1, N, 1]: each host holds its own half of every sharded array, so
+  no host has a data-parallel replica), 600 steps, Pax's interval saves only at 0 and 600: after a kill the
+  local tier holds the newest state, and a host that lost its disk has no peer with its shards but its buddy."""
+
+  NUM_TRAIN_STEPS = 600
+  CHECKPOINT_EVERY_N_STEPS = 600

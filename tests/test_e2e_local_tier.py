@@ -31,6 +31,7 @@ pytestmark = pytest.mark.e2e
 
 EXP = 'tests.e2e_experiments.TinyTFRecordRareSaves'
 TWO_HOSTS = 'tests.e2e_experiments.TinyTFRecordRareSavesTwoHosts'
+MODEL_PARALLEL = 'tests.e2e_experiments.TinyModelParallelRareSaves'
 FINAL = 600
 
 
@@ -99,9 +100,9 @@ def test_sigkill_one_host_resumes_from_the_newest_local_step_identical_to_an_uni
                                     r'[\d.]+ s\)\n', out), out
 
 
-def _launch(jobs, tmp_path, name, job_dir, *flags):
+def _launch(jobs, tmp_path, name, job_dir, *flags, exp=TWO_HOSTS):
   job = forkserver.job([sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', '--num_hosts=2', '--',
-                        f'--exp={TWO_HOSTS}', f'--job_log_dir={job_dir}', '--autockpt_notices=off', *flags],
+                        f'--exp={exp}', f'--job_log_dir={job_dir}', '--autockpt_notices=off', *flags],
                        str(tmp_path / f'{name}.log'))
   jobs.append(job)
   return job
@@ -166,17 +167,22 @@ def test_four_hosts_in_two_slices_a_replaced_host_is_filled_by_the_same_host_of_
   """`make soak`: 4 hosts as 2 slices of 2 (DCN [2, 1, 1], the model split over a slice's 2 hosts), job
   directory on local disk. SIGKILL; host 1's local directory removed: host 1 holds the other half of the model
   than host 0, so its copy comes from host 3 (the same half in slice 1), and every host restores the newest
-  local step."""
+  local step. With buddy copies on, each host keeps the same host's of the other slice."""
   os.environ['AUTOCKPT_TINY_TFRECORD'] = tfrecord_lm_input.write_corpus(str(tmp_path / 'data.tfrecord'))
   job_dir = str(tmp_path / 'job')
   argv = [sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', '--num_hosts=4', '--num_slices=2', '--',
-          f'--exp={TWO_HOSTS}', f'--job_log_dir={job_dir}', '--autockpt_notices=off', *_local_flags(tmp_path)]
+          f'--exp={TWO_HOSTS}', f'--job_log_dir={job_dir}', '--autockpt_notices=off', *_local_flags(tmp_path),
+          '--autockpt_local_buddy']
   run = forkserver.job(argv, str(tmp_path / 'run1.log'))
   jobs.append(run)
   process.wait_until(lambda: _local_steps(tmp_path / 'local-3', 200), 'local saves past step 200', 600, 0.2, run)
   _kill_hosts(job_dir, (1, 0, 2, 3))
   run.wait(120)
   assert checkpoint_steps(job_dir)[0] == [0]
+  for host in range(4):  # buddy copies: each host keeps the same host's of the other slice
+    kept = layout.local_buddy_dir(tmp_path / f'local-{host}')
+    assert local_tier.read_index(layout.local_step_dir(kept, layout.local_committed_steps(kept)[-1]))['host'] == (
+        (host + 2) % 4), host
   held = {h: set(layout.local_committed_steps(tmp_path / f'local-{h}')) for h in (0, 2, 3)}
   newest = max(held[3] & (held[0] | held[2]))  # half B only on host 3 now; half A on host 0 or 2
   shutil.rmtree(tmp_path / 'local-1')
@@ -186,3 +192,40 @@ def test_four_hosts_in_two_slices_a_replaced_host_is_filled_by_the_same_host_of_
   assert re.search(rf'\[host 1\].*local step {newest} received from host 3', run.log()), run.log()[-3000:]
   for host in range(4):
     assert _run_starts(job_dir, host)[-1] == (newest, 'local'), host
+
+
+@pytest.mark.soak
+def test_two_hosts_without_a_replica_a_replaced_host_restores_the_buddy_copy_identical_to_an_uninterrupted_run(
+    jobs, tmp_path):
+  """`make soak`: one slice over 2 hosts (the model split between them: no replica), the local tier with buddy
+  copies: host 0 keeps host 1's newest local step and host 1 host 0's. SIGKILL both; host 1's disk replaced
+  (empty: its own steps and the copy it kept for host 0, gone). Both hosts restore the newest local step,
+  host 1's share streamed from the buddy copy host 0 keeps, and the run ends identical to an uninterrupted
+  2-host run. (`make test` runs the same plan and transfer in two real processes: tests/test_local_tier.py.)"""
+  job_dir, reference_dir = str(tmp_path / 'job'), str(tmp_path / 'uninterrupted')
+  local = [tmp_path / f'local-{h}' for h in (0, 1)]
+  kept = layout.local_buddy_dir(local[0])  # host 1's copy, on host 0's disk
+  flags = (*_local_flags(tmp_path), '--autockpt_local_buddy')
+  reference = _launch(jobs, tmp_path, 'uninterrupted', reference_dir, exp=MODEL_PARALLEL)
+  run = _launch(jobs, tmp_path, 'run1', job_dir, *flags, exp=MODEL_PARALLEL)
+  process.wait_until(lambda: _local_steps(kept, 300), 'a buddy copy past step 300', 600, 0.2, run)
+  _kill_hosts(job_dir, (1, 0))
+  run.wait(120)
+  newest = layout.local_committed_steps(kept)[-1]
+  assert newest in layout.local_committed_steps(local[0]), (newest, layout.local_committed_steps(local[0]))
+  assert local_tier.read_index(layout.local_step_dir(kept, newest))['fingerprint'] != local_tier.read_index(
+      layout.local_step_dir(local[0], newest))['fingerprint']  # host 1's half, not a replica of host 0's
+  first_copy = r'\[host 0\].*buddy copies: 1 of host 1\'s local steps copied, newest \d+'
+  assert re.search(first_copy, run.log()), run.log()[-3000:]
+  shutil.rmtree(local[1])  # a replaced VM
+
+  run = _launch(jobs, tmp_path, 'run2', job_dir, *flags, exp=MODEL_PARALLEL)
+  assert run.wait(600) == 0, run.log()[-3000:]
+  assert re.search(rf'\[host 1\].*local step {newest} received from host 0 \(the buddy copy it keeps for this host\)',
+                   run.log()), run.log()[-3000:]
+  for host in (0, 1):
+    process.wait_until(lambda h=host: len(_run_starts(job_dir, h)) == 2, f'host {host}\'s start event', 30, 1.0)
+    assert _run_starts(job_dir, host)[-1] == (newest, 'local')
+  assert reference.wait(600) == 0, reference.log()[-3000:]
+  code, out = _verify_against(job_dir, reference_dir)
+  assert code == 0 and 'identical' in out, out

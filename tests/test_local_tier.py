@@ -232,6 +232,13 @@ def test_local_saves_keep_this_runs_newest_and_remove_every_other_step(tmp_path)
     assert 900 not in layout.local_committed_steps(tmp_path)  # never in the way of this run's saves
   assert layout.local_committed_steps(tmp_path) == [60, 70]
   assert local_tier.lineage_of(local_tier.read_index(layout.local_step_dir(tmp_path, 70))).token == 'job-a/r2'
+  # A buddy copy of the neighbour's step 70 that lags behind: this host's own step 70 stays with it (the two
+  # halves of one state), beyond the newest 2.
+  _save(layout.local_buddy_dir(tmp_path), 70, state)
+  for step in (80, 90):
+    saves.maybe_save(step, state)
+    saves._thread.join()  # pylint: disable=protected-access
+  assert layout.local_committed_steps(tmp_path) == [70, 80, 90]
 
 
 def test_a_published_copy_is_released_from_the_coordination_service(tmp_path):
