@@ -3,6 +3,8 @@ receiver into another folder (whole, refused, cut and resumed, damaged, from a l
 memory)."""
 
 import http.client
+import json
+import shutil
 import socket
 import time
 import tracemalloc
@@ -13,6 +15,7 @@ import pytest
 
 from pax_autockpt import layout
 from pax_autockpt import lineage as lineage_lib
+from pax_autockpt import local_restore
 from pax_autockpt import local_tier
 from pax_autockpt import peer_transfer
 
@@ -244,3 +247,24 @@ def test_a_capped_fetch_takes_at_least_its_bytes_over_the_cap_and_arrives_whole(
     took = time.monotonic() - began
   assert size > 8e6 and took >= (size - peer_transfer.BUFFER_BYTES) / 16e6, (size, took)
   assert (got / layout.LOCAL_SHARDS).read_bytes() == (donor / layout.LOCAL_SHARDS).read_bytes()
+
+
+def test_a_receiver_whose_donor_dies_mid_transfer_resumes_from_the_next_source_of_its_plan(tmp_path, served):
+  """The plan lists every source of a host's shards (a replica's own copy, then a buddy copy), each with the
+  address and secret its donor published: the replica's donor dies mid-transfer, the receiver resumes the
+  partial copy from the buddy copy's keeper, under that donor's own secret."""
+  donor = _donor(tmp_path / 'replica', 3, rows=16, cols=65536)
+  kept = layout.local_step_dir(layout.local_buddy_dir(tmp_path / 'keeper'), 3)
+  shutil.copytree(donor, kept)
+  secrets = [peer_transfer.new_secret() for _ in range(2)]
+  with peer_transfer.PeerServer(lambda s: donor if s == 3 else None, secrets[0]) as replica, \
+      peer_transfer.PeerServer(lambda s: kept if s == 3 else None, secrets[1]) as keeper:
+    served.cut.add(replica.address[1])
+    published = {'fill/0/0/peer': {'address': list(replica.address), 'secret': secrets[0]},
+                 'fill/2/1/peer': {'address': list(keeper.address), 'secret': secrets[1]}}
+    client = types.SimpleNamespace(blocking_key_value_get=lambda key, unused_ms: json.dumps(published[key]))
+    local_restore.LocalRestore(tmp_path / 'receiver', host=1, hosts=3)._receive(  # pylint: disable=protected-access
+        client, 'fill/', 3, ((0, False), (2, True)))
+  shards = [(port, rng) for port, path, rng, _ in served.sent if path.endswith(layout.LOCAL_SHARDS)]
+  assert shards == [(replica.address[1], None), (keeper.address[1], f'bytes={CUT}-')]
+  _same_files(donor, layout.local_step_dir(tmp_path / 'receiver', 3))
