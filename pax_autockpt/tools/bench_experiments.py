@@ -114,3 +114,18 @@ class TinyRareSavesAutockpt(TinyAutockpt):
   """The tiny model whose Pax interval never comes: only the first save, and what the hook saves."""
 
   CHECKPOINT_EVERY_N_STEPS = 10**9
+
+
+@experiment_registry.register
+class MediumModelParallelAutockpt(AutockptMixin, _Medium):
+  """The Medium state as one slice over all local hosts, ICI [1, N, 1] (TinyModelParallelAutockpt's layout):
+  each host holds its own part of every sharded array and no host a data-parallel replica, so a host that
+  lost its disk finds its share only in the buddy copy a peer keeps (bench `buddystep_*`, `buddyrelaunch_*`).
+  Pax's interval never comes (only the initial save): after a kill the local tier holds the newest state."""
+
+  CHECKPOINT_EVERY_N_STEPS = 10**9
+
+  @property
+  def ICI_MESH_SHAPE(self):  # pylint: disable=invalid-name
+    import jax  # pylint: disable=g-import-not-at-top
+    return [1, jax.device_count(), 1]

@@ -22,7 +22,14 @@ save against orbax 0.5.9 saving the same arrays alone: the fixed cost's floor),
 peertransfer_<size> (a committed local step of the Medium / Large state's bytes streamed between 2 local
 processes by peer_transfer vs a raw loopback socket copy + fsync of the same bytes, and each side's peak RSS
 growth; see peer.py; Medium ~30 s, in the default set; Large ~100 s, not), decision_scale (the save
-decision's protocol at 8 to 1,024 simulated hosts, no model; not in the default set: ~20 minutes).
+decision's protocol at 8 to 1,024 simulated hosts, no model; not in the default set: ~20 minutes),
+planscale (the restart's local-tier plan at 8 to 1,024 simulated hosts, one host's share from a buddy copy
+vs every host its own; pure Python, ~15 s; see plan_scale.py), buddystep_<size> (step time of a 2-host job
+whose model is split over both hosts, local tier every 10 s, with buddy copies vs without) and
+buddyrelaunch_<size> (relaunch -> first step with host 1's local directory gone, its share from host 0's
+buddy copy, vs every directory intact); see buddy.py; not in the default set: ~25 and ~15 minutes at Medium:
+
+  python -m pax_autockpt.tools.bench --only buddystep_Medium,buddyrelaunch_Medium
 """
 
 import argparse
@@ -42,7 +49,8 @@ STORAGES = {'local': None, 'gcs0': 0.0, 'gcs30': 30.0}
 DEFAULT = ('tiny_local,tiny_gcs0,tiny_gcs30,ondemand_Medium_local,ondemand_Large_local,ondemand_Medium_gcs0,'
            'ondemand_Medium_gcs30,stock_Medium,restart,hook,decision,formats_local,formats_gcs30,notices_Tiny,'
            'notices_Medium,noticestart,checksums,verification,adaptive,ondemandzstd_Large_local,ondemandzstd_Medium_gcs30,'
-           'inflight_Large_gcs30,localtier_Medium_gcs30,localstep,tinyfloor,nice_local,peertransfer_Medium')
+           'inflight_Large_gcs30,localtier_Medium_gcs30,localstep,tinyfloor,nice_local,peertransfer_Medium,planscale')
+ON_DEMAND = 'decision_scale,peertransfer_Large,buddystep_Medium,buddyrelaunch_Medium'  # long: run with --only
 
 
 def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
@@ -93,7 +101,15 @@ def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
   if kind == 'peertransfer':
     from pax_autockpt.tools.bench import peer  # pylint: disable=g-import-not-at-top  # also run with -m
     return peer.peer_transfer(storage, rest[0], args.pairs)
-  raise SystemExit(f'error: unknown scenario {name!r}: choose from {DEFAULT},decision_scale,peertransfer_Large')
+  if kind == 'planscale':
+    from pax_autockpt.tools.bench import plan_scale  # pylint: disable=g-import-not-at-top
+    return plan_scale.plan_scale(args.pairs)
+  if kind in ('buddystep', 'buddyrelaunch'):
+    from pax_autockpt.tools.bench import buddy  # pylint: disable=g-import-not-at-top
+    if kind == 'buddystep':
+      return buddy.buddy_step_time(storage, rest[0], args.pairs, max(args.secs, buddy.STEP_SECS))
+    return buddy.buddy_relaunch(storage, rest[0], args.pairs)
+  raise SystemExit(f'error: unknown scenario {name!r}: choose from {DEFAULT},{ON_DEMAND}')
 
 
 def _storage_of(name: str) -> str:

@@ -1,0 +1,242 @@
+"""Bench scenarios `buddystep_<size>` and `buddyrelaunch_<size>`: buddy copies on a real 2-host job (issue 39).
+
+Both train bench_experiments.<size>ModelParallelAutockpt under `pax-autockpt launch --num_hosts=2`: the model
+split over both hosts (one slice, no data-parallel replica: the case buddy copies are for), the local tier on
+this machine's disk every 10 s, Pax's interval never due.
+
+- `buddystep_<size>`: the mean step time with `--autockpt_local_buddy` (each host also streams its neighbour's
+  newest local step into its own local tier after every commit) against the same job without it, alternating.
+- `buddyrelaunch_<size>`: one job with buddy copies trains until host 0's buddy copy holds the local step both
+  hosts committed last, then SIGKILL both hosts. Its job directory and both local directories are copied aside
+  once; before each relaunch they are put back, (a) without host 1's local directory (a replaced VM: host 1's
+  share is streamed from the buddy copy host 0 keeps) or (b) all of them, alternating; each relaunch is timed
+  from the launcher's start to host 0's first training step, and must restore the local step expected.
+
+Hosts are SIGKILLed by pid before their launcher: a launcher that dies first has its hosts SIGTERMed (they save
+and exit 143), and a host still saving would slow the next run.
+"""
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+
+from pax_autockpt import layout
+from pax_autockpt.tools import process
+from pax_autockpt.tools.bench import measure
+from pax_autockpt.tools.bench.measure import Figure
+from pax_autockpt.tools.bench.measure import Storage
+
+_B = 'pax_autockpt.tools.bench_experiments.'
+HOSTS = 2
+STEP_SECS = 60.0  # training per step-time run: ~6 local commits (and buddy copies) at one per 10 s
+TARGET_STEP = 1.1  # buddy copies on vs off, step time
+TARGET_RELAUNCH = 1.3  # relaunch -> first step, host 1's disk gone vs every disk intact
+_COPIED = r'buddy copies: \d+ of host \d+\'s local steps copied'
+_RESTORED = re.compile(r'\[autockpt\] local step (\d+) restored in ([\d.]+) s')
+_RECEIVED = re.compile(r'\[autockpt\] local step (\d+) received from host 0 \(the buddy copy it keeps for this host\) '
+                       r'in ([\d.]+) s \(([\d.]+) MB')
+
+
+# --- processes ---------------------------------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+  """The processes whose parent is `pid` (a launcher's hosts), from /proc."""
+  found = []
+  for entry in os.listdir('/proc'):
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f'/proc/{entry}/stat') as f:
+        stat = f.read()
+    except OSError:
+      continue  # gone meanwhile
+    if int(stat.rsplit(')', 1)[1].split()[1]) == pid:
+      found.append(int(entry))
+  return found
+
+
+def _alive(pid: int) -> bool:
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+  except OSError:
+    return False
+
+
+def _kill(job: process.Job) -> None:
+  """SIGKILL every host (no signal, no save), then the launcher, and wait until the hosts are gone."""
+  hosts = _children(job.pid)
+  for pid in hosts:
+    with contextlib.suppress(ProcessLookupError):
+      os.kill(pid, signal.SIGKILL)
+  job.kill()
+  process.wait_until(lambda: not any(_alive(p) for p in hosts), 'the killed hosts gone', 60, 0.1)
+
+
+def _local_dirs(storage: Storage, base: str) -> list[str]:
+  return [os.path.join(storage.workdir, f'{base}-local-{h}') for h in range(HOSTS)]
+
+
+def _launch(storage: Storage, size: str, name: str, job_dir: str, base: str, buddy: bool) -> process.Job:
+  """The 2-host job, its local tier every 10 s in `base`'s folders, with or without buddy copies."""
+  local = os.path.join(storage.workdir, f'{base}-local-{{host}}')
+  argv = [sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', f'--num_hosts={HOSTS}', '--',
+          f'--exp={_B}{size}ModelParallelAutockpt', f'--job_log_dir={job_dir}', '--autockpt_notices=off',
+          f'--autockpt_local_dir={local}', '--autockpt_local_min_interval_secs=10',
+          *(('--autockpt_local_buddy',) if buddy else ())]
+  return process.Job(argv, os.path.join(storage.workdir, f'{name}.log'), env=storage.env())
+
+
+def _host_logs(job_dir: str) -> list[str]:
+  return [os.fspath(layout.host_log_path(job_dir, h)) for h in range(HOSTS)]
+
+
+# --- buddystep ---------------------------------------------------------------------------------------
+
+
+def _step_ms(storage: Storage, size: str, name: str, secs: float, buddy: bool) -> float:
+  """One run: `secs` of training after step 3, killed; host 0's mean step time (Pax's steps/sec lines)."""
+  job_dir = storage.job_dir(name)
+  job = _launch(storage, size, name, job_dir, name, buddy)
+  host0 = _host_logs(job_dir)[0]
+  try:
+    process.wait_until(lambda: 'Step `3` completed' in process.text_of(host0), f'step 3 of {name}', 900, 0.5, job)
+    time.sleep(secs)
+  finally:
+    _kill(job)
+  log = process.text_of(host0)
+  storage.clean(job_dir)
+  for folder in _local_dirs(storage, name):
+    shutil.rmtree(folder, ignore_errors=True)
+  if buddy and not re.search(_COPIED, log):
+    raise RuntimeError(f'{name}: no buddy copy in {secs:.0f} s of training; host 0 ends:\n{log[-3000:]}')
+  return measure.mean_step_secs(log) * 1e3
+
+
+def buddy_step_time(storage: Storage, size: str, pairs: int, secs: float = STEP_SECS) -> list[Figure]:
+  """Mean step time with buddy copies against without, the local tier every 10 s in both, alternating."""
+  on, off = [], []
+  for i in range(pairs):
+    on.append(_step_ms(storage, size, f'buddystep-{size}-on-{i}', secs, buddy=True))
+    off.append(_step_ms(storage, size, f'buddystep-{size}-off-{i}', secs, buddy=False))
+    measure.say(f'buddystep {size} #{i}: buddy copies {on[-1]:.1f} ms/step, without {off[-1]:.1f} ms/step')
+  where = f'{size} split over 2 local hosts (no replica), local tier every 10 s, {storage.name}'
+  return [Figure(f'step time, buddy copies on vs off, {where} (target <= x{TARGET_STEP:g})', 'ms', on, off,
+                 'buddy copies off')]
+
+
+# --- buddyrelaunch -----------------------------------------------------------------------------------
+
+
+def expected_steps(own0: list[int], own1: list[int], kept0: list[int], kept1: list[int]) -> dict[str, int | None]:
+  """The local step a relaunch must restore, from each host's committed local steps (`own*`) and the buddy
+  copies it keeps for the other (`kept*`): with every directory intact, the newest step both hosts' shares are
+  held at (own or kept); with host 1's directory gone, the newest host 0 holds beside its copy of host 1's."""
+  intact = (set(own0) | set(kept1)) & (set(own1) | set(kept0))
+  return {'intact': max(intact, default=None), 'replaced': max(set(own0) & set(kept0), default=None)}
+
+
+def _caught_up(local: list[str]) -> int | None:
+  """The newest local step once both hosts hold two (as in steady state, `--autockpt_local_keep=2`) and host
+  0's buddy copy of host 1's share is of the newest (else None): when the job is killed."""
+  own = [layout.local_committed_steps(f) for f in local]
+  kept = layout.local_committed_steps(layout.local_buddy_dir(local[0]))
+  return kept[-1] if kept and all(len(o) >= 2 and o[-1] == kept[-1] for o in own) else None
+
+
+def _killed_state(storage: Storage, size: str, base: str, job_dir: str) -> dict[str, int | None]:
+  """Trains with buddy copies until host 0's copy of host 1's newest share is committed, SIGKILL both hosts;
+  the steps each arm's relaunch must restore."""
+  local = _local_dirs(storage, base)
+  job = _launch(storage, size, f'{base}-first', job_dir, base, buddy=True)
+  try:
+    step = process.wait_until(lambda: _caught_up(local), 'a buddy copy of the newest local step', 900, 0.2, job)
+  finally:
+    _kill(job)
+  found = [layout.local_committed_steps(f) for f in local]
+  want = expected_steps(*found, *(layout.local_committed_steps(layout.local_buddy_dir(f)) for f in local))
+  measure.say(f'{base}: killed at local step {step}; local steps {found}; relaunches restore {want}')
+  if want['replaced'] is None:
+    raise RuntimeError(f'{base}: no local step restorable without host 1\'s directory: {found}')
+  return want
+
+
+def restored_from(log0: str, log1: str) -> dict:
+  """From a relaunch's host logs: the local step host 0 restored and its read's seconds, and the step, seconds
+  and MB of host 1's share received from host 0's buddy copy (None where it restored its own)."""
+  restored, received = _RESTORED.search(log0), _RECEIVED.search(log1)
+  return dict(step=int(restored.group(1)) if restored else None,
+              restore=float(restored.group(2)) if restored else None,
+              fill_step=int(received.group(1)) if received else None,
+              fill=float(received.group(2)) if received else None,
+              fill_mb=float(received.group(3)) if received else None)
+
+
+def _relaunch(storage: Storage, size: str, name: str, job_dir: str, base: str, want: int, replaced: bool) -> dict:
+  """Launch -> host 0's first training step, then SIGKILL; checks the local step restored is `want`, and with
+  host 1's directory gone that host 1 received it from host 0's buddy copy."""
+  logs = _host_logs(job_dir)
+  since = [os.path.getsize(p) if os.path.exists(p) else 0 for p in logs]  # the killed run's lines came back
+  job = _launch(storage, size, name, job_dir, base, buddy=True)
+  try:
+    process.wait_until(lambda: re.search(measure.STEP_DONE, process.text_of(logs[0], since[0])),
+                       f'the first step of {name}', 900, 0.1, job)
+    took = time.time() - job.started
+  finally:
+    _kill(job)
+  got = dict(first_step=took, **restored_from(*(process.text_of(p, s) for p, s in zip(logs, since))))
+  if got['step'] != want or (got['fill_step'] != want if replaced else got['fill'] is not None):
+    raise RuntimeError(f'{name}: restored {got}, expected local step {want}'
+                       + (' with host 1\'s share from host 0\'s buddy copy' if replaced else ' from own copies'))
+  return got
+
+
+def _put_back(paths: list[str], aside: str, without: tuple[str, ...] = ()) -> None:
+  """Each of `paths` as it was set aside (the killed state), but those `without` (gone, as on a new VM)."""
+  for path in paths:
+    shutil.rmtree(path, ignore_errors=True)
+    if path not in without:
+      shutil.copytree(os.path.join(aside, os.path.basename(path)), path, symlinks=True)
+
+
+def buddy_relaunch(storage: Storage, size: str, pairs: int) -> list[Figure]:
+  """Relaunch -> first step with host 1's local directory gone (its share from host 0's buddy copy) against
+  every local directory intact, alternating, each from the same killed state."""
+  if storage.is_gcs:
+    raise ValueError('buddyrelaunch runs on local disk (its directories are copied aside and put back)')
+  base = f'buddyrelaunch-{size}'
+  job_dir, aside = storage.job_dir(base), os.path.join(storage.workdir, f'{base}-aside')
+  paths = [job_dir, *_local_dirs(storage, base)]
+  got = {'replaced': [], 'intact': []}
+  try:
+    want = _killed_state(storage, size, base, job_dir)
+    for path in paths:
+      shutil.copytree(path, os.path.join(aside, os.path.basename(path)), symlinks=True)
+    for i in range(pairs):
+      for arm, runs in got.items():
+        _put_back(paths, aside, without=(paths[2],) if arm == 'replaced' else ())
+        runs.append(_relaunch(storage, size, f'{base}-{arm}-{i}', job_dir, base, want[arm], arm == 'replaced'))
+      measure.say(f'{base} #{i}: host 1\'s directory gone {got["replaced"][-1]}, intact {got["intact"][-1]}')
+  finally:
+    for path in (*paths, aside):
+      shutil.rmtree(path, ignore_errors=True)
+  return _relaunch_figures(size, got)
+
+
+def _relaunch_figures(size: str, got: dict[str, list[dict]]) -> list[Figure]:
+  gone, intact = got['replaced'], got['intact']
+  per = lambda runs, key: [r[key] for r in runs]
+  where = f'{size} split over 2 local hosts (no replica), host 1\'s share {gone[0]["fill_mb"]:.0f} MB, local'
+  return [
+      Figure(f'relaunch -> first training step, host 1\'s local directory gone (its share from the buddy copy host 0 '
+             f'keeps) vs every local directory intact, {where} (target <= x{TARGET_RELAUNCH:g})', 's',
+             per(gone, 'first_step'), per(intact, 'first_step'), 'every local directory intact'),
+      Figure(f'host 1\'s share streamed from host 0\'s buddy copy (fetch -> commit), {where}', 's', per(gone, 'fill')),
+      Figure(f'local step restored (read back, placed on the mesh), host 1\'s directory gone vs intact, {where}', 's',
+             per(gone, 'restore'), per(intact, 'restore'), 'every local directory intact'),
+  ]
