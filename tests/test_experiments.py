@@ -17,7 +17,7 @@ from pax_autockpt.experiment import AutockptMixin
 
 PREFIX = 'experiments.lm_cloud_autockpt.'
 NAMES = ['LmCloudSpmd2BAutockpt', 'LmCloudSpmd2BMultisliceAutockpt', 'LmCloudSpmd2BMultislice16Autockpt',
-         'LmCloudSpmd2BContinuousAutockpt', 'LmCloudSpmdTinyAutockpt',
+         'LmCloudSpmd2BContinuousAutockpt', 'LmCloudSpmdTinyAutockpt', 'LmCloudSpmdTinyShortAutockpt',
          'LmCloudSpmdTinyMultisliceAutockpt', 'LmCloudSpmdTinyContinuousAutockpt', 'LmCloudSpmdTinyTFRecordAutockpt']
 
 
