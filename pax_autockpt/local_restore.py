@@ -238,23 +238,34 @@ class LocalRestore:
     return server
 
   def _receive(self, client: Any, prefix: str, step: int, sources: tuple[tuple[int, bool], ...]) -> None:
-    """`step` from the first of `sources` that serves it whole, each resuming what the one before left."""
-    error = None
-    for donor, buddy in sources:
-      peer = json.loads(client.blocking_key_value_get(f'{prefix}{donor}/{int(buddy)}/peer', _FILL_WAIT_MS))
-      began = time.monotonic()
+    """`step` from the plan's first source, in parallel with every other source already serving by then
+    (each donor its own part); where that fails, from each source left in turn (each waited for)."""
+    began = time.monotonic()
+    ready = {0: _peer(client, prefix, sources[0], wait=True)}
+    ready.update({i: p for i, s in enumerate(sources) if i and (p := _peer(client, prefix, s, wait=False))})
+    donors = [(tuple(ready[i]['address']), ready[i]['secret']) for i in sorted(ready)]
+    try:
+      path = (peer_transfer.fetch_step_in_parallel(donors, step, self.folder) if len(donors) > 1 else
+              peer_transfer.fetch_step(*donors[0], step, self.folder))
+      used = [sources[i] for i in sorted(ready)]
+    except peer_transfer.PeerUnavailable as e:
+      logging.warning('[autockpt] local step %d from host(s) %s: %s', step, [sources[i][0] for i in ready],
+                      failures.one_line(e))
+      path, used = self._in_turn(client, prefix, step, [s for i, s in enumerate(sources) if i not in ready], e)
+    nbytes = os.path.getsize(path / layout.LOCAL_SHARDS)
+    took = time.monotonic() - began
+    logging.info('[autockpt] local step %d received from %s in %.3f s (%.1f MB, %.0f MB/s).', step, _from(used), took,
+                 nbytes / 1e6, nbytes / 1e6 / max(took, 1e-6))
+
+  def _in_turn(self, client: Any, prefix: str, step: int, sources: list[tuple[int, bool]],
+               error: Exception) -> tuple[epath.Path, list[tuple[int, bool]]]:
+    for source in sources:
+      peer = _peer(client, prefix, source, wait=True)
       try:
-        path = peer_transfer.fetch_step(tuple(peer['address']), peer['secret'], step, self.folder)
+        return peer_transfer.fetch_step(tuple(peer['address']), peer['secret'], step, self.folder), [source]
       except peer_transfer.PeerUnavailable as e:
-        logging.warning('[autockpt] local step %d from host %d: %s', step, donor, failures.one_line(e))
+        logging.warning('[autockpt] local step %d from host %d: %s', step, source[0], failures.one_line(e))
         error = e
-        continue
-      nbytes = os.path.getsize(path / layout.LOCAL_SHARDS)
-      took = time.monotonic() - began
-      logging.info('[autockpt] local step %d received from host %d%s in %.3f s (%.1f MB, %.0f MB/s).', step, donor,
-                   ' (the buddy copy it keeps for this host)' if buddy else '', took, nbytes / 1e6,
-                   nbytes / 1e6 / max(took, 1e-6))
-      return
     raise error
 
   def load(self, step: int, shapes: Any, mesh: Any, specs: Any) -> tuple[Any, bytes | None]:
@@ -265,6 +276,22 @@ class LocalRestore:
     shards = local_tier.read_shards(path, found)
     self.restored_lineage = local_tier.lineage_of(found)
     return local_tier.arrays_for(shards, shapes, mesh, specs), local_tier.input_state(found, self._host)
+
+
+def _peer(client: Any, prefix: str, source: tuple[int, bool], wait: bool) -> dict | None:
+  """The address and secret a donor published for `source` (its own copy, or the buddy copy it keeps);
+  without `wait`, None when it has not yet."""
+  key = f'{prefix}{source[0]}/{int(source[1])}/peer'
+  if wait:
+    return json.loads(client.blocking_key_value_get(key, _FILL_WAIT_MS))
+  found = dict(client.key_value_dir_get(key.rsplit('/', 1)[0] + '/'))
+  return json.loads(found[key]) if key in found else None
+
+
+def _from(used: list[tuple[int, bool]]) -> str:
+  if len(used) == 1:
+    return f'host {used[0][0]}' + (' (the buddy copy it keeps for this host)' if used[0][1] else '')
+  return 'hosts ' + ', '.join(f'{d}' + (' (a buddy copy)' if b else '') for d, b in used) + ' in parallel'
 
 
 def _where(plan: Plan | None, newest: int | None) -> str:

@@ -17,6 +17,7 @@ The request's path reaches the filesystem only as `offered(step) / name`, with `
 tier's two file names: the caller decides which steps are offered (this job's committed local steps).
 """
 
+import concurrent.futures
 import contextlib
 import hmac
 import http.client
@@ -201,13 +202,7 @@ def fetch_step(address: tuple[str, int], secret: str, step: int, folder: epath.P
   one read may wait (not the whole transfer's, which grows with the share); `max_bytes_per_sec`: a cap on
   the shards' rate (None: as fast as the network and disk go), for a copy that must not compete with training."""
   where = f'{address[0]}:{address[1]} step {step}'
-  with _get(address, secret, step, layout.LOCAL_INDEX, 0, timeout) as response:
-    if (response.length or 0) > INDEX_LIMIT:
-      raise local_tier.LocalDamage(f'{where}: an index of {response.length} bytes')
-    text = _read(response, where).decode('utf-8', 'replace')
-  found = local_tier.parse_index(text, f'{where} {layout.LOCAL_INDEX}')
-  if found.get('step') != step:
-    raise local_tier.LocalDamage(f'{where}: the index is step {found.get("step")}\'s')
+  found = _index(address, secret, step, timeout)
   partial = layout.local_partial_dir(folder, step)
   partial.mkdir(parents=True, exist_ok=True)
   try:
@@ -217,6 +212,84 @@ def fetch_step(address: tuple[str, int], secret: str, step: int, folder: epath.P
     partial.rmtree(missing_ok=True)
     raise
   return local_tier.commit(partial, found)  # writes the index as the donor's commit did, digest included
+
+
+def fetch_step_in_parallel(donors: list[tuple[tuple[str, int], str]], step: int, folder: epath.PathLike, *,
+                           timeout: float = 30.0) -> epath.Path:
+  """Local step `step` from several donors at once, each `(address, secret)`: the first's index, then each
+  donor streams its own part of shards.bin (whole shards, about equal bytes) into the one `.partial` file,
+  every shard checked as it arrives; a part whose donor fails goes on from its last byte with the next donor
+  (the others' parts are theirs). Committed once every part checked; PeerUnavailable when a part found no
+  donor, PeerRefused or LocalDamage as `fetch_step`. Unlike `fetch_step` it does not resume across calls."""
+  found = _index(*donors[0], step, timeout)
+  where = f'step {step} from {len(donors)} donors'
+  entries = _entries(found, where)
+  partial = layout.local_partial_dir(folder, step)
+  partial.mkdir(parents=True, exist_ok=True)
+  path = partial / layout.LOCAL_SHARDS
+  with open(path, 'wb') as f:
+    f.truncate(entries[-1][0] + entries[-1][1] if entries else 0)
+  parts = _split(entries, len(donors))
+  try:
+    with concurrent.futures.ThreadPoolExecutor(max(1, len(parts)), thread_name_prefix='autockpt-peer-fetch') as pool:
+      for done in [pool.submit(_fetch_part, donors, i, part, path, step, timeout) for i, part in enumerate(parts)]:
+        done.result()
+  except local_tier.LocalDamage:
+    partial.rmtree(missing_ok=True)
+    raise
+  with open(path, 'rb+') as f:
+    os.fsync(f.fileno())
+  return local_tier.commit(partial, found)
+
+
+def _split(entries: list[tuple[int, int, str, str]], n: int) -> list[list[tuple[int, int, str, str]]]:
+  """Consecutive shards in at most `n` parts of about equal bytes (none empty)."""
+  total = entries[-1][0] + entries[-1][1] if entries else 0
+  parts, part = [], []
+  for entry in entries:
+    part.append(entry)
+    if sum(entry[:2]) >= total * (len(parts) + 1) / n and len(parts) < n - 1:
+      parts, part = parts + [part], []
+  return parts + ([part] if part else [])
+
+
+def _fetch_part(donors: list[tuple[tuple[str, int], str]], first: int, part: list[tuple[int, int, str, str]],
+                path: epath.Path, step: int, timeout: float) -> None:
+  """One part of shards.bin, from donor `first`, else the next ones in turn, each from the byte the one
+  before stopped at."""
+  check = _Check(part, f'step {step}', start=part[0][0])
+  if check.size == check.total:
+    return  # zero-size shards only: checked already
+  fd, error = os.open(path, os.O_WRONLY), None
+  try:
+    for k in range(len(donors)):
+      address, secret = donors[(first + k) % len(donors)]
+      where = f'{address[0]}:{address[1]} step {step}'
+      try:
+        with _get(address, secret, step, layout.LOCAL_SHARDS, check.size, timeout, end=check.total) as response:
+          if response.length != check.total - check.size:
+            raise local_tier.LocalDamage(f'{where}: {response.length} bytes for {check.size}-{check.total}')
+          _copy(response, lambda data, offset: os.pwrite(fd, data, offset), check, where)
+        return
+      except PeerUnavailable as e:
+        logging.warning('[autockpt] peer transfer: %s; the next donor goes on from there', e)
+        error = e
+    raise error
+  finally:
+    os.close(fd)
+
+
+def _index(address: tuple[str, int], secret: str, step: int, timeout: float) -> dict[str, Any]:
+  """The donor's index of `step`, checked against its digest."""
+  where = f'{address[0]}:{address[1]} step {step}'
+  with _get(address, secret, step, layout.LOCAL_INDEX, 0, timeout) as response:
+    if (response.length or 0) > INDEX_LIMIT:
+      raise local_tier.LocalDamage(f'{where}: an index of {response.length} bytes')
+    text = _read(response, where).decode('utf-8', 'replace')
+  found = local_tier.parse_index(text, f'{where} {layout.LOCAL_INDEX}')
+  if found.get('step') != step:
+    raise local_tier.LocalDamage(f'{where}: the index is step {found.get("step")}\'s')
+  return found
 
 
 def _entries(found: dict[str, Any], where: str) -> list[tuple[int, int, str, str]]:
@@ -241,9 +314,9 @@ def _entries(found: dict[str, Any], where: str) -> list[tuple[int, int, str, str
 class _Check:
   """A shards file's bytes, fed in order, checked against each shard's digest as its last byte arrives."""
 
-  def __init__(self, entries: list[tuple[int, int, str, str]], where: str):
-    self._entries, self._where, self._next, self.size = entries, where, 0, 0
-    self.total = entries[-1][0] + entries[-1][1] if entries else 0
+  def __init__(self, entries: list[tuple[int, int, str, str]], where: str, start: int = 0):
+    self._entries, self._where, self._next, self.size = entries, where, 0, start
+    self.total = entries[-1][0] + entries[-1][1] if entries else start
     self._hash = xxhash.xxh3_64()
     self._settle()
 
@@ -277,7 +350,7 @@ def _receive_shards(address: tuple[str, int], secret: str, step: int, path: epat
         raise local_tier.LocalDamage(f'{where}: {layout.LOCAL_SHARDS} answered {response.length} bytes from '
                                      f'{check.size}; its index says {check.total - check.size}')
       with open(path, 'ab') as f:
-        _copy(response, f, check, where, max_bytes_per_sec)
+        _copy(response, lambda data, unused_offset: f.write(data), check, where, max_bytes_per_sec)
   with open(path, 'rb+') as f:
     os.fsync(f.fileno())
 
@@ -299,10 +372,10 @@ def _resumable(path: epath.Path, entries: list[tuple[int, int, str, str]], where
   return _Check(entries, where)
 
 
-def _copy(response: http.client.HTTPResponse, f: Any, check: _Check, where: str,
+def _copy(response: http.client.HTTPResponse, write: Callable[[memoryview, int], Any], check: _Check, where: str,
           max_bytes_per_sec: float | None = None) -> None:
-  """The response's body onto `f` and through `check`, one buffer at a time (at most `max_bytes_per_sec`
-  on average since the copy began: it sleeps where it ran ahead)."""
+  """The response's body through `write(data, offset in the file)` and `check`, one buffer at a time (at most
+  `max_bytes_per_sec` on average since the copy began: it sleeps where it ran ahead)."""
   view, want = memoryview(bytearray(BUFFER_BYTES)), check.total
   began, start = time.monotonic(), check.size
   try:
@@ -312,18 +385,21 @@ def _copy(response: http.client.HTTPResponse, f: Any, check: _Check, where: str,
       n = response.readinto(view[:min(BUFFER_BYTES, want - check.size)])
       if not n:
         raise PeerUnavailable(f'{where}: the connection closed at byte {check.size} of {want}')
-      f.write(view[:n])
+      write(view[:n], check.size)
       check.feed(view[:n])
   except (OSError, http.client.HTTPException) as e:
     raise PeerUnavailable(f'{where}: {failures.one_line(e)} at byte {check.size} of {want}') from None
 
 
 @contextlib.contextmanager
-def _get(address: tuple[str, int], secret: str, step: int, name: str, start: int, timeout: float):
-  """The donor's answer to GET of one file of `step` (from byte `start`), its status checked; closed after."""
+def _get(address: tuple[str, int], secret: str, step: int, name: str, start: int, timeout: float,
+         end: int | None = None):
+  """The donor's answer to GET of one file of `step` (from byte `start`, to byte `end` exclusive), its status
+  checked; closed after."""
   where = f'{address[0]}:{address[1]} step {step}'
   connection = http.client.HTTPConnection(address[0], address[1], timeout=timeout)
-  headers = {SECRET_HEADER: secret, **({'Range': f'bytes={start}-'} if start else {})}
+  ranged = bool(start) or end is not None
+  headers = {SECRET_HEADER: secret, **({'Range': f'bytes={start}-{"" if end is None else end - 1}'} if ranged else {})}
   try:
     connection.request('GET', f'/v1/steps/{step}/{name}', headers=headers)
     response = connection.getresponse()
@@ -335,7 +411,7 @@ def _get(address: tuple[str, int], secret: str, step: int, name: str, start: int
       raise PeerRefused(f'{where}: the donor refused this job\'s secret')
     if response.status == 416:
       raise local_tier.LocalDamage(f'{where}: {name} is shorter than its index says (416 from byte {start})')
-    if response.status != (206 if start else 200):
+    if response.status != (206 if ranged else 200):
       raise PeerUnavailable(f'{where}: {name}: HTTP {response.status} {response.reason}')
     yield response
 

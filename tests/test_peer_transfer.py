@@ -249,22 +249,37 @@ def test_a_capped_fetch_takes_at_least_its_bytes_over_the_cap_and_arrives_whole(
   assert (got / layout.LOCAL_SHARDS).read_bytes() == (donor / layout.LOCAL_SHARDS).read_bytes()
 
 
-def test_a_receiver_whose_donor_dies_mid_transfer_resumes_from_the_next_source_of_its_plan(tmp_path, served):
+def _client(published):
+  """The coordination service's two reads a receiver makes, over `published` (key -> value)."""
+  return types.SimpleNamespace(
+      blocking_key_value_get=lambda key, unused_ms: json.dumps(published[key]),
+      key_value_dir_get=lambda folder: [(k, json.dumps(v)) for k, v in published.items() if k.startswith(folder)])
+
+
+def test_two_donors_serve_their_own_halves_in_parallel_and_one_that_dies_mid_part_hands_it_on(tmp_path, served):
   """The plan lists every source of a host's shards (a replica's own copy, then a buddy copy), each with the
-  address and secret its donor published: the replica's donor dies mid-transfer, the receiver resumes the
-  partial copy from the buddy copy's keeper, under that donor's own secret."""
+  address and secret its donor published: both stream a part of shards.bin at once (a range each); when the
+  replica's donor dies mid-part, the keeper of the buddy copy goes on with that part from where it stopped,
+  under its own secret. Whole shards only per part; the files end identical to the donor's."""
   donor = _donor(tmp_path / 'replica', 3, rows=16, cols=65536)
+  size = (donor / layout.LOCAL_SHARDS).stat().length
   kept = layout.local_step_dir(layout.local_buddy_dir(tmp_path / 'keeper'), 3)
   shutil.copytree(donor, kept)
   secrets = [peer_transfer.new_secret() for _ in range(2)]
-  with peer_transfer.PeerServer(lambda s: donor if s == 3 else None, secrets[0]) as replica, \
-      peer_transfer.PeerServer(lambda s: kept if s == 3 else None, secrets[1]) as keeper:
-    served.cut.add(replica.address[1])
-    published = {'fill/0/0/peer': {'address': list(replica.address), 'secret': secrets[0]},
-                 'fill/2/1/peer': {'address': list(keeper.address), 'secret': secrets[1]}}
-    client = types.SimpleNamespace(blocking_key_value_get=lambda key, unused_ms: json.dumps(published[key]))
-    local_restore.LocalRestore(tmp_path / 'receiver', host=1, hosts=3)._receive(  # pylint: disable=protected-access
-        client, 'fill/', 3, ((0, False), (2, True)))
-  shards = [(port, rng) for port, path, rng, _ in served.sent if path.endswith(layout.LOCAL_SHARDS)]
-  assert shards == [(replica.address[1], None), (keeper.address[1], f'bytes={CUT}-')]
-  _same_files(donor, layout.local_step_dir(tmp_path / 'receiver', 3))
+  for cut in (False, True):
+    receiver = tmp_path / f'receiver-{cut}'
+    served.sent.clear()
+    with peer_transfer.PeerServer(lambda s: donor if s == 3 else None, secrets[0]) as replica, \
+        peer_transfer.PeerServer(lambda s: kept if s == 3 else None, secrets[1]) as keeper:
+      if cut:
+        served.cut.add(replica.address[1])
+      client = _client({'fill/0/0/peer': {'address': list(replica.address), 'secret': secrets[0]},
+                        'fill/2/1/peer': {'address': list(keeper.address), 'secret': secrets[1]}})
+      local_restore.LocalRestore(receiver, host=1, hosts=3)._receive(  # pylint: disable=protected-access
+          client, 'fill/', 3, ((0, False), (2, True)))
+    ranges = sorted((rng, port) for port, path, rng, _ in served.sent if path.endswith(layout.LOCAL_SHARDS))
+    half = int(ranges[-1][0].split('=')[1].split('-')[0])  # where the keeper's own part starts
+    assert 0 < half < size and ranges[0] == (f'bytes=0-{half - 1}', replica.address[1])
+    assert ranges[-1] == (f'bytes={half}-{size - 1}', keeper.address[1])
+    assert ranges[1:-1] == ([(f'bytes={CUT}-{half - 1}', keeper.address[1])] if cut else []), ranges
+    _same_files(donor, layout.local_step_dir(receiver, 3))
