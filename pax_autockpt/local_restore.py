@@ -103,7 +103,8 @@ def _donors(reports: dict[int, HostReport], hosts: int, step: int, token: str) -
       donors[host] = host
       continue
     found = [(g, False) for g in range(hosts) if reports[g].has.get(step) == want]
-    found += [(g, True) for g in range(hosts) if g != host and reports[g].buddy.get(step) == want]
+    found += [(g, True) for g in range(hosts)
+              if g != host and (g, False) not in found and reports[g].buddy.get(step) == want]  # a donor once
     if not found:
       return None
     donors[host], sources[host] = found[0][0], tuple(found)

@@ -146,6 +146,9 @@ def test_a_host_without_a_replica_restores_the_buddy_copy_a_peer_keeps_for_it_af
           2: HostReport('A', {300: ('A', 'j/r')}), 3: HostReport('B', {300: ('B', 'j/r')}, buddy={300: ('A', 'j/r')})}
   plan = local_restore.choose(both, 4, None)
   assert plan.sources == {1: ((3, False), (0, True))} and plan.from_buddy == set()
+  # A host that holds both a replica's copy and a buddy copy of the same shards is listed once.
+  both[3] = HostReport('B', {300: ('B', 'j/r')}, buddy={300: ('B', 'j/r')})
+  assert local_restore.choose(both, 4, None).sources == {1: ((3, False), (0, True))}
   # A step only some buddy copies hold is still a candidate when every host can be served.
   lost = {0: HostReport('A', {}, buddy={300: ('B', 'j/r')}), 1: HostReport('B', {300: ('B', 'j/r')},
                                                                           buddy={300: ('A', 'j/r')})}
