@@ -73,7 +73,13 @@ def _objects_of(gcs, job_name, step):
   return {k: v for k, v in gcs.objects(f'{job_name}/checkpoints/{_name(step)}/').items()}
 
 
+@pytest.mark.soak
 def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, gcs, tmp_path, capsys):
+  """`make soak` (~170 s of the suite; `make test` keeps on gs:// a half-written step and damage passed over
+  in the slow-restore test, continuous saves with keep-latest and the report on the bucket in the grace test,
+  a delete that takes the commit marker first in tests/test_layout.py, stock paxml/main.py on local disk).
+  Here besides: keep-latest's deletions gone from the bucket, a refused read (403) ends in one line, exit 1,
+  and stock paxml/main.py on the bucket with its checkpoint writes refused exits 1 naming the newest one."""
   job_name = 'single'
   job = gcs.url(job_name)
   argv = process.ours_argv(CONTINUOUS, job, '--autockpt_keep_latest=1', '--tensorstore_use_ocdbt=false')
@@ -255,7 +261,7 @@ def _in_flight(job) -> bool:
   return trained and log.count('started (loop blocked') > log.count('committed in') >= 1
 
 
-def test_grace_period_keeps_the_save_in_flight_or_exits_1_before_the_deadline(jobs, gcs, tmp_path):
+def test_grace_period_keeps_the_save_in_flight_or_exits_1_before_the_deadline(jobs, gcs, tmp_path, capsys):
   """Checkpoint writes at 150 ms a request (a save ~6 s here). Run 1, a 10 s grace period: SIGTERM with a
   continuous save in flight; the in-flight save and a new one do not both fit, so the in-flight step
   commits and the process exits 143 naming it, inside the grace period. Run 2 restores that step; with
@@ -305,6 +311,10 @@ def test_grace_period_keeps_the_save_in_flight_or_exits_1_before_the_deadline(jo
   assert committed[-1] == newest, (committed, others)  # what was being written is not a checkpoint
   print(f'grace 3 s: {preemption["plan"]}, exit 1 {exit_["t"] - preemption["signal_at"]:.2f} s after the SIGTERM; '
         f'uncommitted left: {others}')
+  # The report reads the bucket: text and the plot (in this process: the CLI is tested on local disk).
+  png = tmp_path / 'timeline.png'
+  assert report.run(job, plot_path=str(png)) == 0 and png.read_bytes()[:4] == b'\x89PNG'
+  assert 'exit codes: ' in capsys.readouterr().out
 
 
 def _largest_chunk(gcs, job_name, step) -> str:
@@ -341,6 +351,13 @@ def test_sigterm_during_a_slow_restore_ends_at_once_then_damage_on_the_bucket_is
   assert 'restored in' not in second.log() and committed[-1] == step and committed[0] == 0, committed
   print(f'SIGTERM during the restore of {step}: exit {exit_["t"] - preemption["signal_at"]:.2f} s after it')
 
+  # A half-written newer step (every object of `step` but the commit marker) is not a checkpoint: not
+  # counted, never restored.
+  half = step + 1000
+  for name in _objects_of(gcs, job_name, step):
+    if not name.endswith(layout.COMMIT_MARKER):
+      gcs.write(name.replace(_name(step), _name(half)), gcs.read(name))
+  assert half not in checkpoint_steps(job)[0] and report.load(job).checkpoints_incomplete == 1
   older = committed[-2]  # an interval save: zstd chunks
   missing, cut = _largest_chunk(gcs, job_name, step), _largest_chunk(gcs, job_name, older)
   gcs.delete(missing)
