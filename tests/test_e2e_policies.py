@@ -15,7 +15,12 @@ pytestmark = pytest.mark.e2e
 MTBF_HOURS = 0.2
 
 
+@pytest.mark.soak
 def test_adaptive_interval_converges_to_young_daly_and_best_n_keeps_the_lowest_loss(jobs, job_dir, tmp_path):
+  """`make soak` (~65 s of the suite, a 2,000-step run: at fewer steps the Young/Daly interval at a small enough
+  MTBF falls below a save's duration under load). `make test` keeps continuous saving with keep-latest end to
+  end (tests/test_e2e_continuous.py), both policies in the checkpointer with Pax's metrics and the measured
+  cost (tests/test_checkpointer.py) and their decisions, fed a context (tests/test_policies.py)."""
   job = forkserver.job(process.ours_argv(process.TINY_EXP, job_dir, f'--autockpt_mtbf_hours={MTBF_HOURS}',
                                       '--autockpt_keep_best=2'), str(tmp_path / 'run.log'))
   jobs.append(job)
