@@ -247,9 +247,9 @@ def _split(entries: list[tuple[int, int, str, str]], n: int) -> list[list[tuple[
   total = entries[-1][0] + entries[-1][1] if entries else 0
   parts, part = [], []
   for entry in entries:
+    if part and len(parts) < n - 1 and entry[0] + entry[1] / 2 > total * (len(parts) + 1) / n:
+      parts, part = parts + [part], []  # the part's share is reached before this shard's middle
     part.append(entry)
-    if sum(entry[:2]) >= total * (len(parts) + 1) / n and len(parts) < n - 1:
-      parts, part = parts + [part], []
   return parts + ([part] if part else [])
 
 

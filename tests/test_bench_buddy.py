@@ -1,6 +1,7 @@
 """The buddy-copy bench scenarios' pure helpers (pax_autockpt.tools.bench.buddy, plan_scale): no bench runs here,
 no timed assert."""
 
+import math
 import os
 import subprocess
 import sys
@@ -78,3 +79,12 @@ def test_children_finds_a_launchers_hosts_and_alive_sees_them_go():
     child.kill()
     child.wait()
   assert not bench_buddy._alive(child.pid)
+
+
+def test_mean_step_secs_from_the_step_lines_timestamps_after_warm_up_across_midnight():
+  lines = [f'I1125 {t} 1402 executors.py:496] [PAX STATUS]: Step `{s}` completed.'
+           for s, t in ((2, '23:59:40.000000'), (3, '23:59:50.000000'), (4, '23:59:54.000000'),
+                        (5, '00:00:00.000000'))]
+  log = '\n'.join(lines[:2] + ['I1125 23:59:51.0 1402 local_saves.py:236] [autockpt] local tier: ...'] + lines[2:])
+  assert bench_buddy.mean_step_secs(log) == 5.0  # steps 3 -> 5 in 10 s, the midnight passed
+  assert math.isnan(bench_buddy.mean_step_secs('\n'.join(lines[:2])))  # one step line after warm-up: no interval

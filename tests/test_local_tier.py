@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 
 import jax
 import jax.numpy as jnp
@@ -395,3 +396,60 @@ def test_a_hosts_keeper_is_the_same_host_of_the_next_slice_else_the_next_host(ho
   assert [buddy.keeper(h, hosts_, slices) for h in range(hosts_)] == keepers
   if hosts_ > 1:
     assert [buddy.owner(k, hosts_, slices) for k in keepers] == list(range(hosts_))
+
+
+_KILLED = '''
+import json, logging, sys, time
+import jax
+logging.basicConfig(level=logging.INFO)
+from pax_autockpt import local_restore, peer_transfer
+host, port, folder = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+if host == 2:  # the buddy copy's keeper serves slowly: the test SIGKILLs it mid-part
+  stream = peer_transfer._Handler._stream
+  def slow(self, f, length):
+    while length > 0:
+      n = min(length, peer_transfer.BUFFER_BYTES)
+      stream(self, f, n)
+      length -= n
+      time.sleep(0.05)
+  peer_transfer._Handler._stream = slow
+jax.distributed.initialize('127.0.0.1:' + port, num_processes=3, process_id=host)
+restore = local_restore.LocalRestore(folder, host=host, hosts=3)
+plan = local_restore.Plan(step=12, donors={0: 0, 1: 0, 2: 2}, sources={1: ((0, False), (2, True))})
+if host == 1:  # both donors serving before it asks: the parallel path, not the first donor alone
+  from jax._src import distributed
+  distributed.global_state.client.blocking_key_value_get('autockpt/local-restore/fill/0/12/2/1/peer', 60000)
+print(json.dumps({'ok': restore.fill(plan)}), flush=True)
+'''
+
+
+@pytest.mark.soak
+def test_a_donor_sigkilled_mid_transfer_hands_its_part_on_and_the_job_ends_within_the_bound(tmp_path):
+  """`make soak` (~2 minutes: the coordination service's heartbeat bound). Three real processes of one job:
+  host 1's disk is empty; host 0 holds a replica of its shards, host 2 a buddy copy. Both stream a part at
+  once; host 2 is SIGKILLed mid-part: host 1 gets that part from host 0, from the byte it reached, and
+  commits the whole step. A host that died ends the job: the others exit within the bound (the scheduler
+  restarts the job, and host 1 then holds its own copy)."""
+  _, state, _ = _state()
+  big = {**state, **{f'big_{x}': jax.device_put(jnp.arange(4 << 20, dtype=jnp.float32), state['step'].sharding)
+                     for x in 'ab'}}  # two 16 MB arrays: one for each donor's part
+  donor = _save(tmp_path / 'local-0', 12, big, _Input(12), hosts=3)
+  _save(layout.local_buddy_dir(tmp_path / 'local-2'), 12, big, _Input(12), hosts=3)
+  port = str(hosts.free_loopback_port())
+  procs = [subprocess.Popen([sys.executable, '-c', _KILLED, str(h), port, str(tmp_path / f'local-{h}')],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for h in range(3)]
+  partial = layout.local_partial_dir(tmp_path / 'local-1', 12) / layout.LOCAL_SHARDS
+  deadline = time.time() + 120
+  while not partial.exists() and time.time() < deadline:
+    time.sleep(0.01)
+  time.sleep(0.5)  # host 2's part under way (~1.6 s at its pace)
+  procs[2].kill()
+  began = time.time()
+  outs = [p.communicate(timeout=400) for p in procs[:2]]
+  ended = time.time() - began
+  received = layout.local_step_dir(tmp_path / 'local-1', 12)
+  assert (received / layout.LOCAL_SHARDS).read_bytes() == (donor / layout.LOCAL_SHARDS).read_bytes(), outs[1][1][-3000:]
+  lines = [x for x in outs[1][1].splitlines() if '[autockpt]' in x]
+  assert 'the next donor goes on from there' in outs[1][1], lines
+  assert 'local step 12 received from hosts 0, 2 (a buddy copy) in parallel' in outs[1][1], lines
+  print(f'host 2 SIGKILLed mid-part: host 1 committed the step; hosts 0 and 1 ended {ended:.0f} s later')

@@ -283,3 +283,14 @@ def test_two_donors_serve_their_own_halves_in_parallel_and_one_that_dies_mid_par
     assert ranges[-1] == (f'bytes={half}-{size - 1}', keeper.address[1])
     assert ranges[1:-1] == ([(f'bytes={CUT}-{half - 1}', keeper.address[1])] if cut else []), ranges
     _same_files(donor, layout.local_step_dir(receiver, 3))
+
+
+def test_parts_are_whole_shards_of_about_equal_bytes_and_never_empty():
+  def offsets(entries, n):
+    return [[e[0] for e in part] for part in peer_transfer._split(entries, n)]  # pylint: disable=protected-access
+  even = [(i * 10, 10, '', '') for i in range(10)]
+  assert offsets(even, 2) == [[0, 10, 20, 30, 40], [50, 60, 70, 80, 90]]
+  assert offsets(even, 3) == [[0, 10, 20], [30, 40, 50, 60], [70, 80, 90]]
+  assert offsets(even, 20) == [[o] for o in range(0, 100, 10)]  # no more parts than shards
+  lopsided = [(0, 100, '', ''), (100, 100, '', ''), (200, 1, '', '')]  # two large shards: one for each donor
+  assert offsets(lopsided, 2) == [[0], [100, 200]] and offsets([], 2) == []

@@ -5,7 +5,9 @@ split over both hosts (one slice, no data-parallel replica: the case buddy copie
 this machine's disk every 10 s, Pax's interval never due.
 
 - `buddystep_<size>`: the mean step time with `--autockpt_local_buddy` (each host also streams its neighbour's
-  newest local step into its own local tier after every commit) against the same job without it, alternating.
+  newest local step into its own local tier after every commit) against the same job without it, alternating;
+  from host 0's step lines (Medium takes ~4 s a step on these 2 cores: Pax's steps/sec lines, one per 10
+  steps, would leave one or two per run).
 - `buddyrelaunch_<size>`: one job with buddy copies trains until host 0's buddy copy holds the local step both
   hosts committed last, then SIGKILL both hosts. Its job directory and both local directories are copied aside
   once; before each relaunch they are put back, (a) without host 1's local directory (a replaced VM: host 1's
@@ -32,10 +34,11 @@ from pax_autockpt.tools.bench.measure import Storage
 
 _B = 'pax_autockpt.tools.bench_experiments.'
 HOSTS = 2
-STEP_SECS = 60.0  # training per step-time run: ~6 local commits (and buddy copies) at one per 10 s
+STEP_SECS = 100.0  # training per step-time run: ~8 local commits (and buddy copies) at one per 10 s or more
 TARGET_STEP = 1.1  # buddy copies on vs off, step time
 TARGET_RELAUNCH = 1.3  # relaunch -> first step, host 1's disk gone vs every disk intact
 _COPIED = r'buddy copies: \d+ of host \d+\'s local steps copied'
+_STATUS = re.compile(r'^I\d{4} (\d\d):(\d\d):(\d\d\.\d+) .*\[PAX STATUS\]: Step `(\d+)` completed', re.M)
 _RESTORED = re.compile(r'\[autockpt\] local step (\d+) restored in ([\d.]+) s')
 _RECEIVED = re.compile(r'\[autockpt\] local step (\d+) received from host 0 \(the buddy copy it keeps for this host\) '
                        r'in ([\d.]+) s \(([\d.]+) MB')
@@ -99,8 +102,20 @@ def _host_logs(job_dir: str) -> list[str]:
 # --- buddystep ---------------------------------------------------------------------------------------
 
 
+def mean_step_secs(log: str, first: int = 3) -> float:
+  """Mean step time from step `first` to the last step in a host's log, from the timestamps of Pax's step
+  lines: its steps/sec lines come once per 10 steps, which at seconds a step leaves a few per run."""
+  found = [(int(m.group(4)), 3600 * int(m.group(1)) + 60 * int(m.group(2)) + float(m.group(3)))
+           for m in _STATUS.finditer(log)]
+  found = [(step, t) for step, t in found if step >= first]
+  if len(found) < 2:
+    return float('nan')
+  span = sum((b - a) % 86400 for (_, a), (_, b) in zip(found, found[1:]))  # a line past midnight: a day on
+  return span / (found[-1][0] - found[0][0])
+
+
 def _step_ms(storage: Storage, size: str, name: str, secs: float, buddy: bool) -> float:
-  """One run: `secs` of training after step 3, killed; host 0's mean step time (Pax's steps/sec lines)."""
+  """One run: `secs` of training after step 3, killed; host 0's mean step time over them."""
   job_dir = storage.job_dir(name)
   job = _launch(storage, size, name, job_dir, name, buddy)
   host0 = _host_logs(job_dir)[0]
@@ -115,7 +130,7 @@ def _step_ms(storage: Storage, size: str, name: str, secs: float, buddy: bool) -
     shutil.rmtree(folder, ignore_errors=True)
   if buddy and not re.search(_COPIED, log):
     raise RuntimeError(f'{name}: no buddy copy in {secs:.0f} s of training; host 0 ends:\n{log[-3000:]}')
-  return measure.mean_step_secs(log) * 1e3
+  return mean_step_secs(log) * 1e3
 
 
 def buddy_step_time(storage: Storage, size: str, pairs: int, secs: float = STEP_SECS) -> list[Figure]:
