@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 from pax_autockpt import layout
 from pax_autockpt import local_restore
@@ -29,10 +30,12 @@ def test_planscale_reports_survive_the_coordination_services_json():
   assert found[3].has == {} and found[3].buddy == {} and found[0].bucket == plan_scale.NEWEST - 1000
 
 
-def test_per_call_ms_repeats_the_call_for_at_least_min_secs():
+def test_per_call_ms_takes_the_calls_in_turn_for_at_least_min_secs():
   calls = []
-  took = plan_scale.per_call_ms(lambda: calls.append(1), min_secs=0.01)
-  assert len(calls) > 1 and took > 0
+  took = plan_scale.per_call_ms(lambda: calls.append('a'), lambda: calls.append('b'), min_secs=0.01)
+  assert len(calls) > 2 and calls[:4] == ['a', 'b', 'a', 'b'] and calls.count('a') == calls.count('b')
+  assert len(took) == 2 and all(t > 0 for t in took)
+  assert len(plan_scale.per_call_ms(lambda: None, min_secs=0)) == 1  # at least one call
 
 
 def test_expected_steps_intact_and_with_host_1s_directory_gone():
@@ -81,10 +84,28 @@ def test_children_finds_a_launchers_hosts_and_alive_sees_them_go():
   assert not bench_buddy._alive(child.pid)
 
 
-def test_mean_step_secs_from_the_step_lines_timestamps_after_warm_up_across_midnight():
-  lines = [f'I1125 {t} 1402 executors.py:496] [PAX STATUS]: Step `{s}` completed.'
-           for s, t in ((2, '23:59:40.000000'), (3, '23:59:50.000000'), (4, '23:59:54.000000'),
-                        (5, '00:00:00.000000'))]
-  log = '\n'.join(lines[:2] + ['I1125 23:59:51.0 1402 local_saves.py:236] [autockpt] local tier: ...'] + lines[2:])
-  assert bench_buddy.mean_step_secs(log) == 5.0  # steps 3 -> 5 in 10 s, the midnight passed
-  assert math.isnan(bench_buddy.mean_step_secs('\n'.join(lines[:2])))  # one step line after warm-up: no interval
+def test_mean_step_secs_between_the_local_tiers_captures_after_warm_up_across_midnight():
+  lines = ['I1125 23:59:30.000000 1402 local_saves.py:232] [autockpt] local save of step 0 committed in 2.752 s '
+           '(250.1 MB); from now on one line every 10 s sums up the local commits.']
+  for step, t, took in ((1, '23:59:42.000000', 2.0), (4, '23:59:53.000000', 3.0), (7, '00:00:01.500000', 1.5),
+                        (10, '00:00:11.000000', 2.0)):
+    lines.append(f'I1125 {t} 1402 local_saves.py:236] [autockpt] local tier: 1 commit(s) in the last 11 s (one '
+                 f'every 10.61 s), newest step {step}, committed in {took:.3f} s (250.1 MB).')
+  lines.insert(2, 'I1125 23:59:43.000000 1402 executors.py:496] [PAX STATUS]: Step `3` completed.')
+  # Captures: step 4 at 23:59:50, step 10 at 00:00:09: 19 s for 6 steps.
+  assert abs(bench_buddy.mean_step_secs('\n'.join(lines)) - 19 / 6) < 1e-9
+  assert abs(bench_buddy.mean_step_secs('\n'.join(lines), first=0) - (32.752 + 9) / 10) < 1e-9  # from step 0's capture
+  assert math.isnan(bench_buddy.mean_step_secs('\n'.join(lines[:4])))  # one capture after warm-up: no interval
+
+
+def test_cpu_secs_counts_a_busy_processs_cpu_time():
+  child = subprocess.Popen([sys.executable, '-c', 'import time\nend = time.process_time() + 0.3\n'
+                            'while time.process_time() < end: pass\ntime.sleep(60)'])
+  try:
+    deadline = time.time() + 30
+    while bench_buddy._cpu_secs([child.pid]) < 0.3 and time.time() < deadline:
+      time.sleep(0.05)
+    assert bench_buddy._cpu_secs([child.pid]) >= 0.3
+  finally:
+    child.kill()
+    child.wait()

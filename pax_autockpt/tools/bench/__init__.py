@@ -25,7 +25,8 @@ growth; see peer.py; Medium ~30 s, in the default set; Large ~100 s, not), decis
 decision's protocol at 8 to 1,024 simulated hosts, no model; not in the default set: ~20 minutes),
 planscale (the restart's local-tier plan at 8 to 1,024 simulated hosts, one host's share from a buddy copy
 vs every host its own; pure Python, ~15 s; see plan_scale.py), buddystep_<size> (step time of a 2-host job
-whose model is split over both hosts, local tier every 10 s, with buddy copies vs without) and
+whose model is split over both hosts, local tier every 10 s, with buddy copies vs without; _cap<MB/s>: the
+copies capped at that rate, e.g. buddystep_Medium_cap30) and
 buddyrelaunch_<size> (relaunch -> first step with host 1's local directory gone, its share from host 0's
 buddy copy, vs every directory intact); see buddy.py; not in the default set: ~25 and ~15 minutes at Medium:
 
@@ -106,8 +107,9 @@ def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
     return plan_scale.plan_scale(args.pairs)
   if kind in ('buddystep', 'buddyrelaunch'):
     from pax_autockpt.tools.bench import buddy  # pylint: disable=g-import-not-at-top
-    if kind == 'buddystep':
-      return buddy.buddy_step_time(storage, rest[0], args.pairs, max(args.secs, buddy.STEP_SECS))
+    if kind == 'buddystep':  # buddystep_<size>[_cap<MB/s>]
+      cap = float(rest[1][3:]) if len(rest) > 1 and rest[1].startswith('cap') else None
+      return buddy.buddy_step_time(storage, rest[0], args.pairs, max(args.secs, buddy.STEP_SECS), cap)
     return buddy.buddy_relaunch(storage, rest[0], args.pairs)
   raise SystemExit(f'error: unknown scenario {name!r}: choose from {DEFAULT},{ON_DEMAND}')
 

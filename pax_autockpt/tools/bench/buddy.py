@@ -6,8 +6,8 @@ this machine's disk every 10 s, Pax's interval never due.
 
 - `buddystep_<size>`: the mean step time with `--autockpt_local_buddy` (each host also streams its neighbour's
   newest local step into its own local tier after every commit) against the same job without it, alternating;
-  from host 0's step lines (Medium takes ~4 s a step on these 2 cores: Pax's steps/sec lines, one per 10
-  steps, would leave one or two per run).
+  from the local tier's captures on host 0 (`mean_step_secs`: Medium takes ~3 s a step on these 2 cores),
+  and both hosts' CPU per step.
 - `buddyrelaunch_<size>`: one job with buddy copies trains until host 0's buddy copy holds the local step both
   hosts committed last, then SIGKILL both hosts. Its job directory and both local directories are copied aside
   once; before each relaunch they are put back, (a) without host 1's local directory (a replaced VM: host 1's
@@ -38,7 +38,8 @@ STEP_SECS = 100.0  # training per step-time run: ~8 local commits (and buddy cop
 TARGET_STEP = 1.1  # buddy copies on vs off, step time
 TARGET_RELAUNCH = 1.3  # relaunch -> first step, host 1's disk gone vs every disk intact
 _COPIED = r'buddy copies: \d+ of host \d+\'s local steps copied'
-_STATUS = re.compile(r'^I\d{4} (\d\d):(\d\d):(\d\d\.\d+) .*\[PAX STATUS\]: Step `(\d+)` completed', re.M)
+_COMMITS = re.compile(r'^I\d{4} (\d\d):(\d\d):(\d\d\.\d+) .*\[autockpt\] local (?:save of step (\d+) committed|tier: '
+                      r'.*newest step (\d+), committed) in ([\d.]+) s', re.M)
 _RESTORED = re.compile(r'\[autockpt\] local step (\d+) restored in ([\d.]+) s')
 _RECEIVED = re.compile(r'\[autockpt\] local step (\d+) received from host 0 \(the buddy copy it keeps for this host\) '
                        r'in ([\d.]+) s \(([\d.]+) MB')
@@ -85,13 +86,14 @@ def _local_dirs(storage: Storage, base: str) -> list[str]:
   return [os.path.join(storage.workdir, f'{base}-local-{h}') for h in range(HOSTS)]
 
 
-def _launch(storage: Storage, size: str, name: str, job_dir: str, base: str, buddy: bool) -> process.Job:
+def _launch(storage: Storage, size: str, name: str, job_dir: str, base: str, buddy: bool,
+            *flags: str) -> process.Job:
   """The 2-host job, its local tier every 10 s in `base`'s folders, with or without buddy copies."""
   local = os.path.join(storage.workdir, f'{base}-local-{{host}}')
   argv = [sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', f'--num_hosts={HOSTS}', '--',
           f'--exp={_B}{size}ModelParallelAutockpt', f'--job_log_dir={job_dir}', '--autockpt_notices=off',
           f'--autockpt_local_dir={local}', '--autockpt_local_min_interval_secs=10',
-          *(('--autockpt_local_buddy',) if buddy else ())]
+          *(('--autockpt_local_buddy',) if buddy else ()), *flags]
   return process.Job(argv, os.path.join(storage.workdir, f'{name}.log'), env=storage.env())
 
 
@@ -103,10 +105,12 @@ def _host_logs(job_dir: str) -> list[str]:
 
 
 def mean_step_secs(log: str, first: int = 3) -> float:
-  """Mean step time from step `first` to the last step in a host's log, from the timestamps of Pax's step
-  lines: its steps/sec lines come once per 10 steps, which at seconds a step leaves a few per run."""
-  found = [(int(m.group(4)), 3600 * int(m.group(1)) + 60 * int(m.group(2)) + float(m.group(3)))
-           for m in _STATUS.finditer(log)]
+  """Mean step time between the local tier's captures from step `first` on, in a host's log: a commit line's
+  time less the commit's duration is when its step was captured (between two steps). Pax's step lines stop
+  after step 4, and its steps/sec lines come once per 10 steps, a few per run at seconds a step."""
+  found = [(int(m.group(4) or m.group(5)),
+            3600 * int(m.group(1)) + 60 * int(m.group(2)) + float(m.group(3)) - float(m.group(6)))
+           for m in _COMMITS.finditer(log)]
   found = [(step, t) for step, t in found if step >= first]
   if len(found) < 2:
     return float('nan')
@@ -114,35 +118,62 @@ def mean_step_secs(log: str, first: int = 3) -> float:
   return span / (found[-1][0] - found[0][0])
 
 
-def _step_ms(storage: Storage, size: str, name: str, secs: float, buddy: bool) -> float:
-  """One run: `secs` of training after step 3, killed; host 0's mean step time over them."""
+def _cpu_secs(pids: list[int]) -> float:
+  """The user + system CPU seconds these processes used so far (/proc, every thread)."""
+  total = 0
+  for pid in pids:
+    with open(f'/proc/{pid}/stat') as f:
+      fields = f.read().rsplit(')', 1)[1].split()
+    total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat(5)
+  return total / os.sysconf('SC_CLK_TCK')
+
+
+def _step_ms(storage: Storage, size: str, name: str, secs: float, flags: tuple[str, ...]) -> dict[str, float]:
+  """One run: `secs` of training after step 3, killed; host 0's mean step time over them, and both hosts' CPU
+  per step (what the copies cost where 2 hosts share 2 cores)."""
   job_dir = storage.job_dir(name)
-  job = _launch(storage, size, name, job_dir, name, buddy)
+  job = _launch(storage, size, name, job_dir, name, False, *flags)
   host0 = _host_logs(job_dir)[0]
   try:
     process.wait_until(lambda: 'Step `3` completed' in process.text_of(host0), f'step 3 of {name}', 900, 0.5, job)
+    hosts = _children(job.pid)
+    cpu = -_cpu_secs(hosts)
     time.sleep(secs)
+    cpu += _cpu_secs(hosts)
   finally:
     _kill(job)
   log = process.text_of(host0)
   storage.clean(job_dir)
   for folder in _local_dirs(storage, name):
     shutil.rmtree(folder, ignore_errors=True)
-  if buddy and not re.search(_COPIED, log):
+  if flags and not re.search(_COPIED, log):
     raise RuntimeError(f'{name}: no buddy copy in {secs:.0f} s of training; host 0 ends:\n{log[-3000:]}')
-  return mean_step_secs(log) * 1e3
+  step = mean_step_secs(log)
+  return dict(step=step * 1e3, cpu=cpu * step / secs * 1e3)  # CPU over the window, per step in it
 
 
-def buddy_step_time(storage: Storage, size: str, pairs: int, secs: float = STEP_SECS) -> list[Figure]:
-  """Mean step time with buddy copies against without, the local tier every 10 s in both, alternating."""
-  on, off = [], []
+def buddy_step_time(storage: Storage, size: str, pairs: int, secs: float = STEP_SECS,
+                    mb_per_sec: float | None = None) -> list[Figure]:
+  """Mean step time with buddy copies (at most `mb_per_sec`, else the default cap) against without, the local
+  tier every 10 s in both, alternating; and both hosts' CPU per step."""
+  cap = f'at most {mb_per_sec:g} MB/s' if mb_per_sec else f'the default cap, {_default_cap():g} MB/s'
+  flags = ('--autockpt_local_buddy', *((f'--autockpt_local_buddy_mb_per_sec={mb_per_sec:g}',) if mb_per_sec else ()))
+  got = {'on': [], 'off': []}
   for i in range(pairs):
-    on.append(_step_ms(storage, size, f'buddystep-{size}-on-{i}', secs, buddy=True))
-    off.append(_step_ms(storage, size, f'buddystep-{size}-off-{i}', secs, buddy=False))
-    measure.say(f'buddystep {size} #{i}: buddy copies {on[-1]:.1f} ms/step, without {off[-1]:.1f} ms/step')
+    for arm, arm_flags in (('on', flags), ('off', ())):
+      got[arm].append(_step_ms(storage, size, f'buddystep-{size}-{arm}-{i}', secs, arm_flags))
+    measure.say(f'buddystep {size} ({cap}) #{i}: buddy copies {got["on"][-1]}, without {got["off"][-1]} (ms)')
   where = f'{size} split over 2 local hosts (no replica), local tier every 10 s, {storage.name}'
-  return [Figure(f'step time, buddy copies on vs off, {where} (target <= x{TARGET_STEP:g})', 'ms', on, off,
-                 'buddy copies off')]
+  per = lambda arm, key: [r[key] for r in got[arm]]
+  return [Figure(f'step time, buddy copies on ({cap}) vs off, {where} (target <= x{TARGET_STEP:g})', 'ms',
+                 per('on', 'step'), per('off', 'step'), 'buddy copies off'),
+          Figure(f'CPU of both hosts per step, buddy copies on ({cap}) vs off, {where}', 'ms', per('on', 'cpu'),
+                 per('off', 'cpu'), 'buddy copies off')]
+
+
+def _default_cap() -> float:
+  from pax_autockpt import settings as settings_lib  # pylint: disable=g-import-not-at-top
+  return settings_lib.Settings().local_buddy_mb_per_sec
 
 
 # --- buddyrelaunch -----------------------------------------------------------------------------------

@@ -6,13 +6,13 @@ and the keeper/owner arithmetic (pax_autockpt.buddy). Timed here without a model
 as a restart after a kill sends them (each host its two newest local steps, `--autockpt_local_keep=2`, and
 the buddy copy of its owner's newest; one slice, no replica), at 8, 128 and 1,024 hosts, with every host
 holding its own copy against one host without (a replaced VM, its share in the buddy copy its keeper
-holds), alternating per pair. A call takes microseconds at 8 hosts: each figure is a call's mean over
-repeated calls for at least `MIN_SECS`.
+holds); the arms' calls are taken in turn (`per_call_ms`), for at least `MIN_SECS` per host count and pair.
 
 The per-step save decision at the same host counts is `decision_scale` (~20 minutes, `make bench-scale`):
 docs/benchmarks.md sets the two side by side.
 """
 
+import gc
 import time
 from typing import Any, Callable
 
@@ -22,7 +22,7 @@ from pax_autockpt.tools.bench import measure
 from pax_autockpt.tools.bench.measure import Figure
 
 HOSTS = (8, 128, 1024)
-MIN_SECS = 0.2
+MIN_SECS = 0.5
 NEWEST = 12_000  # the newest local step; the job directory's newest checkpoint is older
 _TOKEN = 'job/run-1'
 
@@ -39,15 +39,25 @@ def reports(hosts: int, missing: int | None = None) -> dict[int, local_restore.H
   return out
 
 
-def per_call_ms(fn: Callable[[], Any], min_secs: float = MIN_SECS) -> float:
-  """One call's mean time over repeated calls for at least `min_secs` (one alone is below the clock's grain)."""
-  calls, began = 0, time.perf_counter()
-  while True:
-    fn()
-    calls += 1
-    took = time.perf_counter() - began
-    if took >= min_secs:
-      return took / calls * 1e3
+def per_call_ms(*fns: Callable[[], Any], min_secs: float = MIN_SECS) -> list[float]:
+  """Each of `fns`' mean time per call, the calls taken in turn (one of each, again) for at least `min_secs`:
+  a call takes microseconds at 8 hosts (one alone is below the clock's grain), and taking them in turn
+  puts this shared machine's drift on every arm alike. The garbage collector is off meanwhile: in a fixed
+  turn its full collections (~10 ms at 1,024 hosts' reports) land on the same arm's call every time."""
+  took, calls = [0.0] * len(fns), 0
+  gc.collect()
+  gc.disable()
+  try:
+    began = time.perf_counter()
+    while time.perf_counter() - began < min_secs or not calls:
+      for i, fn in enumerate(fns):
+        start = time.perf_counter()
+        fn()
+        took[i] += time.perf_counter() - start
+      calls += 1
+  finally:
+    gc.enable()
+  return [t / calls * 1e3 for t in took]
 
 
 def _plan(encoded: dict[int, str], hosts: int) -> local_restore.Plan | None:
@@ -62,44 +72,50 @@ def _bookkeeping(hosts: int) -> None:
     buddy.owner(host, hosts)
 
 
-def _measure(hosts: int, missing: int | None) -> dict[str, float]:
-  """One arm at one host count: choose alone, decode + choose, and checks the plan is the expected one."""
+def _arm(hosts: int, missing: int | None) -> tuple[dict, dict[int, str]]:
+  """One arm's reports, and as JSON; checks that their plan is the newest step, `missing` from a buddy copy."""
   found = reports(hosts, missing)
   encoded = {h: r.encode() for h, r in found.items()}
   plan = _plan(encoded, hosts)
-  want = set() if missing is None else {missing}
-  if plan is None or plan.step != NEWEST or plan.from_buddy != want:
+  if plan is None or plan.step != NEWEST or plan.from_buddy != ({missing} if missing is not None else set()):
     raise RuntimeError(f'{hosts} hosts, host {missing} without its copy: unexpected plan {plan}')
-  return dict(choose=per_call_ms(lambda: local_restore.choose(found, hosts, NEWEST - 1000)),
-              plan=per_call_ms(lambda: _plan(encoded, hosts)),
-              kb=sum(len(t) for t in encoded.values()) / 1e3)
+  return found, encoded
+
+
+def _measure(hosts: int) -> dict[str, float]:
+  """At one host count, every arm taken in turn: choose alone, decode + choose (every host its own copy, and
+  host hosts/2 without), the buddy bookkeeping; and the reports' JSON bytes."""
+  (own, own_json), (one, one_json) = _arm(hosts, None), _arm(hosts, hosts // 2)
+  choose = lambda found: local_restore.choose(found, hosts, NEWEST - 1000)
+  times = per_call_ms(lambda: choose(own), lambda: choose(one), lambda: _plan(own_json, hosts),
+                      lambda: _plan(one_json, hosts), lambda: _bookkeeping(hosts))
+  keys = ('choose_own', 'choose_buddy', 'plan_own', 'plan_buddy', 'bookkeeping')
+  return dict(zip(keys, times), kb=sum(len(t) for t in one_json.values()) / 1e3)
 
 
 def plan_scale(pairs: int, clients: tuple[int, ...] = HOSTS) -> list[Figure]:
-  """The plan at each host count, one host without its own copy against every host with, alternating."""
-  got = {(n, arm): [] for n in clients for arm in ('own', 'buddy')}
-  keep = {n: [] for n in clients}
+  """The plan at each host count, one host without its own copy against every host with, in turn."""
+  got = {n: [] for n in clients}
   for i in range(pairs):
     for n in clients:
-      got[n, 'own'].append(_measure(n, None))
-      got[n, 'buddy'].append(_measure(n, n // 2))
-      keep[n].append(per_call_ms(lambda n=n: _bookkeeping(n)))
-      measure.say(f'planscale #{i} {n} hosts: choose {got[n, "buddy"][-1]["choose"]:.3f} ms with a buddy copy, '
-                  f'{got[n, "own"][-1]["choose"]:.3f} ms without; decode + choose {got[n, "buddy"][-1]["plan"]:.3f} '
-                  f'/ {got[n, "own"][-1]["plan"]:.3f} ms; keeper/owner of every host {keep[n][-1]:.4f} ms')
-  return [f for n in clients for f in _figures(n, got, keep[n])]
+      got[n].append(_measure(n))
+      r = got[n][-1]
+      measure.say(f'planscale #{i} {n} hosts: choose {r["choose_buddy"]:.3f} ms with a buddy copy, '
+                  f'{r["choose_own"]:.3f} ms without; decode + choose {r["plan_buddy"]:.3f} / {r["plan_own"]:.3f} ms; '
+                  f'keeper/owner of every host {r["bookkeeping"]:.4f} ms')
+  return [f for n in clients for f in _figures(n, got[n])]
 
 
-def _figures(n: int, got: dict, keep: list[float]) -> list[Figure]:
-  per = lambda arm, key: [r[key] for r in got[n, arm]]
+def _figures(n: int, got: list[dict]) -> list[Figure]:
+  per = lambda key: [r[key] for r in got]
   one = 'one host\'s share from the buddy copy its keeper holds vs every host its own copy'
   base = 'every host its own copy'
   return [
-      Figure(f'{n} hosts: the restart\'s plan (local_restore.choose), {one}', 'ms', per('buddy', 'choose'),
-             per('own', 'choose'), base),
+      Figure(f'{n} hosts: the restart\'s plan (local_restore.choose), {one}', 'ms', per('choose_buddy'),
+             per('choose_own'), base),
       Figure(f'{n} hosts: every report decoded + the plan (what each host runs once per restart), {one}', 'ms',
-             per('buddy', 'plan'), per('own', 'plan'), base),
-      Figure(f'{n} hosts: buddy bookkeeping (buddy.keeper and buddy.owner of every host)', 'ms', keep),
+             per('plan_buddy'), per('plan_own'), base),
+      Figure(f'{n} hosts: buddy bookkeeping (buddy.keeper and buddy.owner of every host)', 'ms', per('bookkeeping')),
       Figure(f'{n} hosts: every host\'s report, JSON (what each host reads from the coordination service)', 'KB',
-             per('buddy', 'kb')),
+             per('kb')),
   ]
