@@ -70,21 +70,23 @@ class BuddyCopies:
     self._thread = threading.Thread(target=self._run, name='autockpt-buddy', daemon=True)
 
   def _start(self) -> None:
-    """At the first commit (after the restore, whose own transfers may use the same port): the server, its
-    address and secret published for the keeper, and the copying thread."""
+    """On the copying thread, at the background nice value (the server's threads inherit it: serving a copy
+    yields the CPU to training as copying one does): the server, its address and secret published for the
+    keeper."""
+    background_save.lower_priority(self._nice)
     secret = peer_transfer.new_secret()
     self._server = peer_transfer.PeerServer(self._serve, secret, host=self._address[0], port=self._address[1])
     bound = self._server.start()
     self._client.key_value_set(f'{_KEY}{self._host}', json.dumps({'address': list(bound), 'secret': secret}))
-    self._thread.start()
     logging.info('[autockpt] buddy copies: this host keeps host %d\'s newest local step in %s (at most %.0f MB/s); '
                  'host %d keeps this host\'s.', self.owner, self.kept, self._rate / 1e6, self._keeper)
 
   def committed(self, step: int) -> None:
     """Every host committed local `step` (a local commit waits for every host's part): serve this host's,
-    and copy the owner's."""
-    if self._server is None:
-      self._start()
+    and copy the owner's. The first starts the copying thread (after the restore, whose own transfers may use
+    the same port)."""
+    if self._thread.ident is None:
+      self._thread.start()
     with self._cond:
       self._offered = {s for s in self._offered if s > step - OFFERED} | {step}
       self._wanted = step
@@ -101,7 +103,7 @@ class BuddyCopies:
       return layout.local_step_dir(self.folder, step) if step in self._offered else None
 
   def _run(self) -> None:
-    background_save.lower_priority(self._nice)
+    self._start()
     while True:
       with self._cond:
         self._cond.wait_for(lambda: self._wanted is not None or self._closed)
