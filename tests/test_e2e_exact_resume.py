@@ -58,8 +58,11 @@ class _Chain:
     return job
 
   def training_past(self, job, step):
-    """Until the newest run trains beyond `step` (Pax's summaries, every 100 steps)."""
-    process.wait_until(lambda: any(int(s) > step for s in re.findall(r'summary tensor at step=(\d+) ', job.log())),
+    """Until the newest run trains beyond `step + 1` (Pax's summaries, every 100 steps). Not `step`: the first
+    step's summary is written before Pax's loop comes back to the checkpointer, and a signal in between still
+    finds nothing trained (the start-up exit; CI met it once), which is not what these stops test."""
+    process.wait_until(lambda: any(int(s) > step + 1 for s in re.findall(r'summary tensor at step=(\d+) ',
+                                                                          job.log())),
                        f'training past step {step}', 300, 0.05, job)
 
   def restored(self, expected):
@@ -200,7 +203,7 @@ def test_two_hosts_on_gcs_stopped_and_resumed_end_identical_to_an_uninterrupted_
   host_log = os.fspath(layout.host_log_path(resumed, 0))  # the launcher shows only [autockpt] lines
   since = os.path.getsize(host_log)  # host logs are appended to: this launch's part only
   run = launch('run2', resumed)
-  process.wait_until(lambda: any(int(s) > resume_from for s in re.findall(
+  process.wait_until(lambda: any(int(s) > resume_from + 1 for s in re.findall(  # see _Chain.training_past
       r'summary tensor at step=(\d+) ', process.text_of(host_log, since))), f'training past step {resume_from}',
                      600, 0.2, run)
   os.kill([e for e in events_lib.read(resumed, 1) if e['event'] == 'start'][-1]['pid'], signal.SIGTERM)
