@@ -80,3 +80,17 @@ class TinyModelParallelRareSaves(bench_experiments.TinyModelParallelAutockpt):
 
   NUM_TRAIN_STEPS = 600
   CHECKPOINT_EVERY_N_STEPS = 600
+
+
+@experiment_registry.register
+class MediumTwoReplicas(bench_experiments.MediumAutockpt):
+  """The Medium state (~50M parameters, ~600 MB with Adam's moments) over 2 local hosts as 2 data-parallel
+  slices (DCN [2, 1, 1]): each host holds a whole replica, so a replaced host's share comes from its peer.
+  Pax's interval never comes (only the initial save): after a kill the local tier holds the newest state."""
+
+  DCN_MESH_SHAPE = [2, 1, 1]
+  CHECKPOINT_EVERY_N_STEPS = 10**9
+
+  @property
+  def ICI_MESH_SHAPE(self):  # pylint: disable=invalid-name
+    return [1, max(1, jax.device_count() // 2), 1]

@@ -32,6 +32,7 @@ pytestmark = pytest.mark.e2e
 EXP = 'tests.e2e_experiments.TinyTFRecordRareSaves'
 TWO_HOSTS = 'tests.e2e_experiments.TinyTFRecordRareSavesTwoHosts'
 MODEL_PARALLEL = 'tests.e2e_experiments.TinyModelParallelRareSaves'
+MEDIUM_REPLICAS = 'tests.e2e_experiments.MediumTwoReplicas'
 FINAL = 600
 
 
@@ -229,3 +230,41 @@ def test_two_hosts_without_a_replica_a_replaced_host_restores_the_buddy_copy_ide
   assert reference.wait(600) == 0, reference.log()[-3000:]
   code, out = _verify_against(job_dir, reference_dir)
   assert code == 0 and 'identical' in out, out
+
+
+@pytest.mark.soak
+def test_two_replicas_of_the_medium_state_a_replaced_host_streams_its_share_from_its_peer(jobs, tmp_path):
+  """`make soak`: the Medium state (~600 MB with Adam's moments) over 2 hosts as 2 data-parallel replicas, the
+  local tier every 10 s. SIGKILL both; host 1's disk replaced (empty). Both hosts restore the newest local
+  step, host 1's whole share streamed from host 0 over the peer path (digests checked as it arrives), and
+  training goes on from there. What it costs against a raw copy of the same bytes: `make bench`
+  (peertransfer_Medium)."""
+  job_dir = str(tmp_path / 'job')
+  local = [tmp_path / f'local-{h}' for h in (0, 1)]
+  flags = (f'--autockpt_local_dir={tmp_path}/local-{{host}}', '--autockpt_local_min_interval_secs=10')
+  run = _launch(jobs, tmp_path, 'run1', job_dir, *flags, exp=MEDIUM_REPLICAS)
+  both = lambda: [layout.local_committed_steps(f) for f in local]
+  process.wait_until(lambda: all(s and s[-1] > 0 for s in both()) and len(set(s[-1] for s in both())) == 1,
+                     'a local step past 0 committed on both hosts', 900, 0.5, run)
+  _kill_hosts(job_dir, (1, 0))
+  run.wait(120)
+  newest = layout.local_committed_steps(local[0])[-1]
+  assert newest > 0 and newest in layout.local_committed_steps(local[1])
+  shutil.rmtree(local[1])  # a replaced VM
+
+  host_log = os.fspath(layout.host_log_path(job_dir, 1))
+  since = os.path.getsize(host_log)  # host logs are appended to: the relaunch's part only
+  run = _launch(jobs, tmp_path, 'run2', job_dir, *flags, exp=MEDIUM_REPLICAS)
+  for host in (0, 1):
+    process.wait_until(lambda h=host: len(_run_starts(job_dir, h)) == 2, f'host {host}\'s start event', 900, 0.5,
+                       run)
+  received = re.search(rf'\[host 1\].*local step {newest} received from host 0 in ([\d.]+) s \(([\d.]+) MB',
+                       run.log())
+  assert received and float(received.group(2)) > 400, run.log()[-3000:]  # the whole replica, not a part
+  assert [_run_starts(job_dir, h)[-1] for h in (0, 1)] == [(newest, 'local')] * 2
+  print(f'host 1\'s {received.group(2)} MB share streamed from host 0 in {received.group(1)} s')
+  process.wait_until(lambda: re.search(r'Step `\d+` completed', process.text_of(host_log, since)),
+                     'host 1 training again', 300, 0.5, run)
+  _kill_hosts(job_dir, (1, 0))
+  run.wait(120)
+  assert layout.local_committed_steps(local[1])[0] >= newest  # the streamed step, a committed one of host 1's
