@@ -37,7 +37,7 @@ def render(results: dict[str, Any]) -> str:
            '(pax_autockpt.tools.local_gcs) with 0 / 30 ms added to every request. Regenerate with '
            '`make bench` (or `python -m pax_autockpt.tools.bench --only NAME,...`).', '']
   for name, scenario in sorted(results.get('scenarios', {}).items()):
-    lines += [f'## {name}', '',
+    lines += [f'## {name}', '', *((scenario['note'], '') if scenario.get('note') else ()),
               f'Measured {scenario["measured"]} at commit {scenario["commit"] or "?"}, {scenario["pairs"]} runs '
               'per arm.', '',
               '| figure | unit | median (min–max) | baseline, same pairs | ratio per pair | n |',
