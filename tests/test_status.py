@@ -77,6 +77,19 @@ def test_a_finished_job_says_a_rerun_trains_nothing(tmp_path, capsys):
   assert 'which the same command resumes from' in first and 'trains nothing' not in second
 
 
+def test_status_reads_host_0s_events_once(tmp_path, capsys, monkeypatch):
+  """The three lines come from one read of the event log (a week of events on gs:// is read once, not three
+  times)."""
+  job = str(tmp_path / 'job')
+  _run(job, ('start', {'restored_step': None}), ('local_committed', {'step': 300, 'duration_s': 0.02}),
+       ('exit', {'code': 143, 'step': 300}))
+  reads = []
+  real = events_lib.read
+  monkeypatch.setattr(events_lib, 'read', lambda *args, **kwargs: reads.append(args) or real(*args, **kwargs))
+  assert status.run(job) == 0
+  assert len(capsys.readouterr().out.splitlines()) == 3 and len(reads) == 1
+
+
 def test_wait_for_checkpoint_returns_once_one_is_committed_or_says_why_not(tmp_path, capsys):
   """The README's "let it train, then preempt it": status waits for a committed checkpoint of the step or
   later (a job directory that does not exist yet is waited for too); a run that ends first, or the

@@ -32,9 +32,10 @@ def checkpoint_line(job_log_dir: str, finished: bool = False) -> str:
           f'{layout.newest_steps_text(steps, 5)})')
 
 
-def last_run(job_log_dir: str) -> list[dict]:
-  """Host 0's newest run: its `start` event and every later one (empty: no run recorded)."""
-  evs = events_lib.read(job_log_dir, 0)
+def last_run(job_log_dir: str, evs: list[dict] | None = None) -> list[dict]:
+  """Host 0's newest run: its `start` event and every later one (empty: no run recorded); from `evs` where
+  the caller read host 0's events already (a week-long log on gs:// is read once per command)."""
+  evs = events_lib.read(job_log_dir, 0) if evs is None else evs
   starts = [i for i, e in enumerate(evs) if e['event'] == 'start']
   return evs[starts[-1]:] if starts else []
 
@@ -46,9 +47,9 @@ def finished(run: list[dict]) -> bool:
   return bool(run) and 'preemption' not in kinds and any(e['event'] == 'exit' and e['code'] == 0 for e in run)
 
 
-def run_line(job_log_dir: str) -> str:
+def run_line(job_log_dir: str, evs: list[dict] | None = None) -> str:
   """How host 0's newest run ended, from its `start` and `exit` events."""
-  run = last_run(job_log_dir)
+  run = last_run(job_log_dir, evs)
   if not run:
     return 'last run: none recorded'
   restored = run[0].get('restored_step')
@@ -65,9 +66,10 @@ def run_line(job_log_dir: str) -> str:
   return f'{began}: {how}{signal} at step {ended.get("step")}, exit {code}, {_when(ended["t"])}{done}'
 
 
-def local_line(job_log_dir: str) -> str | None:
+def local_line(job_log_dir: str, evs: list[dict] | None = None) -> str | None:
   """Where the job uses a local tier: host 0's newest local commit, and whether a restart would take it."""
-  local = [e for e in events_lib.read(job_log_dir, 0) if e['event'] == 'local_committed']
+  evs = events_lib.read(job_log_dir, 0) if evs is None else evs
+  local = [e for e in evs if e['event'] == 'local_committed']
   if not local:
     return None
   step, newest = local[-1]['step'], layout.newest_committed(layout.checkpoint_dir(job_log_dir))
@@ -102,9 +104,10 @@ def run(job_log_dir: str, wait_for: int | None = None, timeout_secs: float = 600
   if not epath.Path(job_log_dir).exists():
     print(f'status: error: {job_log_dir} does not exist', file=sys.stderr)
     return 2
-  print(checkpoint_line(job_log_dir, finished(last_run(job_log_dir))))
-  local = local_line(job_log_dir)
+  evs = events_lib.read(job_log_dir, 0)  # once: the three lines come from the same events
+  print(checkpoint_line(job_log_dir, finished(last_run(job_log_dir, evs))))
+  local = local_line(job_log_dir, evs)
   if local:
     print(local)
-  print(run_line(job_log_dir))
+  print(run_line(job_log_dir, evs))
   return 0
