@@ -62,7 +62,6 @@ class BuddyCopies:
     self._offered: set[int] = set()  # this run's recent commits: nothing else on this disk is served
     self._cond = threading.Condition()
     self._wanted: int | None = None
-    self._closed = False
     self._peer: dict | None = None  # the owner's address and secret, read once
     self._log = _Log()
     self._host, self._keeper, self._address = host, keeper(host, hosts, slices), (address, port)
@@ -92,23 +91,17 @@ class BuddyCopies:
       self._wanted = step
       self._cond.notify()
 
-  def close(self) -> None:
-    """No more copies; the copy in flight, if any, ends with the process."""
-    with self._cond:
-      self._closed = True
-      self._cond.notify()
-
   def _serve(self, step: int) -> epath.Path | None:
     with self._cond:
       return layout.local_step_dir(self.folder, step) if step in self._offered else None
 
   def _run(self) -> None:
+    """Copies until the process ends (a daemon thread: a copy in flight then stops, and the next run's first
+    copy prunes the `.partial` it left)."""
     self._start()
     while True:
       with self._cond:
-        self._cond.wait_for(lambda: self._wanted is not None or self._closed)
-        if self._closed:
-          return
+        self._cond.wait_for(lambda: self._wanted is not None)
         step, self._wanted = self._wanted, None
       self._copy(step)
 
@@ -135,7 +128,7 @@ class BuddyCopies:
                                         max_bytes_per_sec=self._rate)
       except peer_transfer.PeerUnavailable:
         with self._cond:
-          newer = self._wanted is not None or self._closed
+          newer = self._wanted is not None
         if newer:
           return None
         if time.monotonic() > deadline:
