@@ -43,7 +43,7 @@ def test_a_fresh_directory_a_preempted_run_and_one_still_running(tmp_path, capsy
 def test_each_exit_code_reads_as_words(tmp_path, code, words):
   job = str(tmp_path / 'job')
   _run(job, ('start', {'restored_step': 5}), ('exit', {'code': code, 'step': 9}))
-  assert f': {words} at step 9, exit {code}, ' in status.run_line(job)
+  assert f': {words} at step 9, exit {code}, ' in status.run_line(events_lib.read(job, 0))
 
 
 def test_a_job_with_a_local_tier_says_its_newest_local_step_and_whether_a_restart_takes_it(tmp_path, capsys):

@@ -23,8 +23,9 @@ def _when(t: float) -> str:
   return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')
 
 
-def checkpoint_line(job_log_dir: str, finished: bool = False) -> str:
-  steps = layout.committed_steps(layout.checkpoint_dir(job_log_dir))
+def checkpoint_line(steps: list[int], finished: bool = False) -> str:
+  """The job directory's committed `steps` (oldest first): the newest, and whether the same command resumes
+  from it."""
   if not steps:
     return 'newest committed checkpoint: none (the same command starts fresh)'
   resumes = '' if finished else ', which the same command resumes from'
@@ -32,10 +33,8 @@ def checkpoint_line(job_log_dir: str, finished: bool = False) -> str:
           f'{layout.newest_steps_text(steps, 5)})')
 
 
-def last_run(job_log_dir: str, evs: list[dict] | None = None) -> list[dict]:
-  """Host 0's newest run: its `start` event and every later one (empty: no run recorded); from `evs` where
-  the caller read host 0's events already (a week-long log on gs:// is read once per command)."""
-  evs = events_lib.read(job_log_dir, 0) if evs is None else evs
+def last_run(evs: list[dict]) -> list[dict]:
+  """Host 0's newest run in its events `evs`: its `start` event and every later one (empty: no run recorded)."""
   starts = [i for i, e in enumerate(evs) if e['event'] == 'start']
   return evs[starts[-1]:] if starts else []
 
@@ -47,9 +46,9 @@ def finished(run: list[dict]) -> bool:
   return bool(run) and 'preemption' not in kinds and any(e['event'] == 'exit' and e['code'] == 0 for e in run)
 
 
-def run_line(job_log_dir: str, evs: list[dict] | None = None) -> str:
+def run_line(evs: list[dict]) -> str:
   """How host 0's newest run ended, from its `start` and `exit` events."""
-  run = last_run(job_log_dir, evs)
+  run = last_run(evs)
   if not run:
     return 'last run: none recorded'
   restored = run[0].get('restored_step')
@@ -66,13 +65,13 @@ def run_line(job_log_dir: str, evs: list[dict] | None = None) -> str:
   return f'{began}: {how}{signal} at step {ended.get("step")}, exit {code}, {_when(ended["t"])}{done}'
 
 
-def local_line(job_log_dir: str, evs: list[dict] | None = None) -> str | None:
-  """Where the job uses a local tier: host 0's newest local commit, and whether a restart would take it."""
-  evs = events_lib.read(job_log_dir, 0) if evs is None else evs
+def local_line(evs: list[dict], newest: int | None) -> str | None:
+  """Where the job uses a local tier: host 0's newest local commit, and whether a restart would take it over
+  the job directory's `newest` committed step."""
   local = [e for e in evs if e['event'] == 'local_committed']
   if not local:
     return None
-  step, newest = local[-1]['step'], layout.newest_committed(layout.checkpoint_dir(job_log_dir))
+  step = local[-1]['step']
   newer = (', newer: the same command resumes from it where every host still holds its copy, or a replica does'
            if newest is None or step > newest else '')
   return f'local tier: step {step} committed on host 0 at {_when(local[-1]["t"])}{newer}'
@@ -86,7 +85,7 @@ def wait_for_checkpoint(job_log_dir: str, step: int, timeout_secs: float, poll_s
       newest = layout.newest_committed(layout.checkpoint_dir(job_log_dir))
       if newest is not None and newest >= step:
         return None
-      ended = [e for e in last_run(job_log_dir) if e['event'] == 'exit' and e['t'] >= began]
+      ended = [e for e in last_run(events_lib.read(job_log_dir, 0)) if e['event'] == 'exit' and e['t'] >= began]
       if ended:
         return (f'the run ended (exit {ended[-1]["code"]} at step {ended[-1].get("step")}) before a checkpoint of step '
                 f'{step} or later was committed')
@@ -104,10 +103,11 @@ def run(job_log_dir: str, wait_for: int | None = None, timeout_secs: float = 600
   if not epath.Path(job_log_dir).exists():
     print(f'status: error: {job_log_dir} does not exist', file=sys.stderr)
     return 2
-  evs = events_lib.read(job_log_dir, 0)  # once: the three lines come from the same events
-  print(checkpoint_line(job_log_dir, finished(last_run(job_log_dir, evs))))
-  local = local_line(job_log_dir, evs)
+  # Host 0's events and the job directory's listing, each read once (on gs:// a week-long log is many objects).
+  evs, steps = events_lib.read(job_log_dir, 0), layout.committed_steps(layout.checkpoint_dir(job_log_dir))
+  print(checkpoint_line(steps, finished(last_run(evs))))
+  local = local_line(evs, steps[-1] if steps else None)
   if local:
     print(local)
-  print(run_line(job_log_dir, evs))
+  print(run_line(evs))
   return 0
