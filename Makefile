@@ -53,9 +53,10 @@ soak: venv
 	$(PY) -m pax_autockpt.tools.soak --cycles 30 --num_hosts 1 --gcs
 	$(PY) -m pax_autockpt.tools.soak --cycles 10 --num_hosts 2 --seed 1 --gcs
 	@# Exact resume on 2 hosts and gs:// (the 1-host test is in make test), 4 hosts in 2 slices; the local
-	@# tier on 2 hosts (a replaced host filled by its replica, gs://; the Medium state's replica streamed) and 4 hosts in 2 slices; a storage outage at
-	@# start-up on gs:// (TensorFlow's ~200 s of retries, then one line); the gs:// keep-latest chain and 2 hosts on one
-	@# bucket; buddy copies end to end; a donor SIGKILLed mid-transfer; the adaptive interval and BestN over 2,000 steps.
+	@# tier on 2 hosts (a replaced host filled by its replica, gs://; the Medium state's replica streamed) and
+	@# 4 hosts in 2 slices; a storage outage at start-up on gs:// (TensorFlow's ~200 s of retries, then one
+	@# line); the gs:// keep-latest chain and 2 hosts on one bucket; buddy copies end to end; a donor SIGKILLed
+	@# mid-transfer; the adaptive interval and BestN over 2,000 steps.
 	$(PYTEST) -q -m soak tests/test_e2e_exact_resume.py tests/test_e2e_multihost.py tests/test_e2e_local_tier.py tests/test_e2e_gcs.py \
 	  tests/test_e2e_policies.py tests/test_local_tier.py tests/test_soak.py
 
