@@ -4,7 +4,7 @@ the save and preservation policies, and hands the restore to pax_autockpt.restor
 import itertools
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from absl import logging
 from etils import epath
@@ -27,8 +27,11 @@ from pax_autockpt import local_saves
 from pax_autockpt import manifest as manifest_lib
 from pax_autockpt import metrics as metrics_lib
 from pax_autockpt import notices
+from pax_autockpt import outcomes
+from pax_autockpt import phases as phases_lib
 from pax_autockpt import policies
 from pax_autockpt import preemption
+from pax_autockpt import rescue as rescue_lib
 from pax_autockpt import restore as restore_lib
 from pax_autockpt import settings as settings_lib
 from pax_autockpt import signals
@@ -54,8 +57,14 @@ class AutockptCheckpointer:
 
   def __init__(self, inner: Any, *, settings: settings_lib.Settings, events: events_lib.EventLog,
                exit_after_ondemand_checkpoint: bool, enable_summaries: bool = True,
-               metrics: metrics_lib.StepMetrics | None = None, slices: int = 1):
+               metrics: metrics_lib.StepMetrics | None = None, slices: int = 1,
+               end: Callable[[outcomes.StopTraining], None] | None = None):
+    """`end(stop)`: how the process ends when the exit was taken outside the main thread (pax_autockpt.rescue);
+    without it (tests) there is no rescue."""
     self._inner = inner
+    self.phases = phases_lib.LoopPhases()  # where the main thread is: the executor instruments Pax's programs
+    self.phases.on_point(self._point)
+    self._loop_items: dict[str, Any] = {}  # what save_if_needed got besides the state (the same every step)
     self._saving = internals.saving_enabled(inner)  # --enable_checkpoint_saving=false: Pax's saves are no-ops
     self._summaries = summaries_lib.SaveSummaries(events.job_log_dir,
                                                   enabled=enable_summaries and events.host == 0)
@@ -114,8 +123,14 @@ class AutockptCheckpointer:
         exit_code=settings.exit_code, notice_action=settings.notice_action, save=self._save, step_dir=self._step_dir,
         latest_step=self._latest_step, newest_committed=self.newest_committed,
         committed_this_run=self.committed_this_run, restored_step=lambda: self._inner.step_to_restore,
-        last_step=lambda: self.last_step, restorer=self._restorer)
+        last_step=lambda: self.last_step, restorer=self._restorer, phases=self.phases)
     signals.on_first_signal(self._exit.signal_arrived)
+    self._notice_action = settings.notice_action
+    if end is not None and exit_after_ondemand_checkpoint and jax.process_count() == 1:
+      rescue = rescue_lib.Rescue(phases=self.phases, exit_path=self._exit, agree=self._agreed_elsewhere,
+                                 state_of=self._items_with, end=end, grace_secs=settings.grace_secs,
+                                 first_step=lambda: self._inner.step_to_restore)
+      signals.on_first_signal(rescue.signal_arrived)
     self._startup = None
     if exit_after_ondemand_checkpoint:
       self._startup = startup_exit.StartupExit(distributed.global_state.client, events.host, events,
@@ -204,18 +219,19 @@ class AutockptCheckpointer:
 
   def save_if_needed(self, step_i, partitioned_train_state, train_state_unpadded_shape_dtype_struct=None,
                      train_state_pspecs=None, train_input_pipeline=None):
+    self.phases.enter(phases_lib.CHECKPOINT)
     self.last_step = step_i
-    state = dict(partitioned_train_state=partitioned_train_state,
-                 train_state_unpadded_shape_dtype_struct=train_state_unpadded_shape_dtype_struct,
-                 train_state_pspecs=train_state_pspecs, train_input_pipeline=train_input_pipeline)
+    self._loop_items = dict(train_state_unpadded_shape_dtype_struct=train_state_unpadded_shape_dtype_struct,
+                            train_state_pspecs=train_state_pspecs, train_input_pipeline=train_input_pipeline)
+    state = self._items_with(partitioned_train_state)
     if self._startup is not None and not self._first_iteration:
       self._startup.first_step_done()  # once; from now on a signal takes the agreed-step path
     if self._first_iteration:
       self._first_iteration = False
       if self._exit_after_ondemand and self._preemption.signalled_before_training(step_i):
         self._exit.before_training(step_i, state)
-    notice = self._notices.due(step_i)
-    if self._preemption.check(step_i):
+    notice = self._notices.due(self._preemption.iteration)
+    if self._preemption.check(step_i) and not self._exit.taken:  # (taken: saved at an eval batch, training on)
       self._exit.on_preemption(step_i, state)
     elif notice is not None:
       self._exit.on_notice(step_i, notice, state)
@@ -223,6 +239,30 @@ class AutockptCheckpointer:
       self._save(step_i, self._save_reason, state)
     if self._local is not None:
       self._local.maybe_save(step_i, partitioned_train_state, train_input_pipeline)
+    self.phases.enter(phases_lib.LOOP)
+
+  def _agreed_elsewhere(self, step: int) -> None:
+    """pax_autockpt.rescue saves `step` from its thread: the step every record of this run names."""
+    self.last_step = step
+    self._preemption.agree_here(step)
+
+  def _items_with(self, partitioned_train_state: Any) -> dict[str, Any]:
+    """The items Pax's loop hands a save, around a trained state."""
+    return dict(partitioned_train_state=partitioned_train_state, **self._loop_items)
+
+  def _point(self, phase: str) -> None:
+    """An agreement point at an eval or decode batch (pax_autockpt.phases): every host meets XLA's sync point
+    here in the same order, so a preemption agreed here ends the program at the same batch on every host and
+    saves the newest trained step (the exit path raises: the eval's metrics are never written). A notice whose
+    action is `save_and_exit` does the same; one that trains on waits for the loop's next step."""
+    place = self.phases.now()
+    self.last_step = place.step
+    if self._preemption.agreed_step is None and self._preemption.check(place.step):
+      self._exit.on_preemption(place.step, self._items_with(place.state), agreed_during=phase, batch=place.batch)
+    elif self._notice_action == 'save_and_exit':
+      notice = self._notices.due(self._preemption.iteration)
+      if notice is not None:
+        self._exit.on_notice(place.step, notice, self._items_with(place.state))
 
   def save_final(self, step_i, **state):
     self.last_step = step_i

@@ -5,6 +5,7 @@ import errno
 import math
 import os
 import sys
+import threading
 
 from absl import logging
 import jax
@@ -38,7 +39,7 @@ class AutockptExecutor(executors.DefaultExecutor):
         checkpointer, settings=self._settings, events=self._events,
         exit_after_ondemand_checkpoint=exit_after_ondemand_checkpoint,
         enable_summaries=kwargs.get('enable_summary_writer', True), metrics=step_metrics,
-        slices=math.prod(getattr(jax_task.model, 'dcn_mesh_shape', None) or [1]))
+        slices=math.prod(getattr(jax_task.model, 'dcn_mesh_shape', None) or [1]), end=self._stopped)
     step = checkpointer.step_to_restore
     where = 'no checkpoint: starting fresh' if step is None else f'restoring step {step}'
     if self._settings.local_dir:
@@ -53,6 +54,7 @@ class AutockptExecutor(executors.DefaultExecutor):
     except outcomes.RestoreFailed as stop:
       self._exit(1, stop.step, f'{stop}; exiting 1.', error=True)
     step_metrics.tap(*internals.programs(self))  # each saved step's metrics, for BestN
+    internals.instrument_programs(*internals.programs(self), internals.decode_programs(self), wrapped.phases)
     # After the restore: a damaged newest checkpoint may have been passed over.
     self._events.write('start', num_hosts=jax.process_count(), pid=os.getpid(),
                        restored_step=wrapped.step_to_restore, restored_from=wrapped.restored_from,
@@ -61,13 +63,8 @@ class AutockptExecutor(executors.DefaultExecutor):
   def start(self):
     try:
       super().start()
-    except outcomes.Preempted as stop:
-      code = signals.INTERRUPT_EXIT_CODE if stop.signal == 'SIGINT' else self._settings.exit_code
-      self._summary(code)
-      self._exit(code, stop.step, f'{stop} ({stop.signal}); exiting {code}.')
-    except outcomes.SaveFailed as stop:
-      self._summary(1)
-      self._exit(1, stop.step, f'{stop}; exiting 1.', error=True)
+    except (outcomes.Preempted, outcomes.SaveFailed) as stop:
+      self._stopped(stop)
     except Exception as e:  # pylint: disable=broad-except
       if not _out_of_space(e):
         raise
@@ -80,6 +77,17 @@ class AutockptExecutor(executors.DefaultExecutor):
     self._summary(0)
     self._events.write('exit', code=0, step=self._checkpointer.last_step)
     self._events.flush()
+
+  def _stopped(self, stop: outcomes.StopTraining) -> None:
+    """Training stopped for a preemption (exit 143, or 130 after Ctrl-C) or a save that did not commit (1); in
+    the main thread, or in pax_autockpt.rescue's when the main thread was held."""
+    if isinstance(stop, outcomes.Preempted):
+      code = signals.INTERRUPT_EXIT_CODE if stop.signal == 'SIGINT' else self._settings.exit_code
+      self._summary(code)
+      self._exit(code, stop.step, f'{stop} ({stop.signal}); exiting {code}.')
+    else:
+      self._summary(1)
+      self._exit(1, stop.step, f'{stop}; exiting 1.', error=True)
 
   def _summary(self, code: int) -> None:
     """One line that tells this run's story: what it trained and saved, and what a rerun does."""
@@ -95,9 +103,11 @@ class AutockptExecutor(executors.DefaultExecutor):
     (logging.error if error else logging.info)('[autockpt] %s', message)
     self._events.write('exit', code=code, step=step)
     self._events.flush()
-    if getattr(getattr(self, '_checkpointer', None), 'save_in_flight', False):
+    held = threading.current_thread() is not threading.main_thread()  # the main thread is held elsewhere
+    if held or getattr(getattr(self, '_checkpointer', None), 'save_in_flight', False):
       # A save the grace period cut short is still writing from C++ threads, and Python's finalization
-      # would abort under them (std::terminate, exit -6). It can no longer commit: end here.
+      # would abort under them (std::terminate, exit -6). It can no longer commit: end here. (And from
+      # another thread, sys.exit would end only that thread.)
       logging.flush()
       sys.stderr.flush()
       os._exit(code)  # pylint: disable=protected-access

@@ -28,6 +28,7 @@ from pax_autockpt import grace
 from pax_autockpt import layout
 from pax_autockpt import notices
 from pax_autockpt import outcomes
+from pax_autockpt import phases as phases_lib
 from pax_autockpt import preemption as preemption_lib
 from pax_autockpt import signals
 
@@ -41,10 +42,11 @@ class ExitPath:
                save: Callable[..., None], step_dir: Callable[[int], Any], latest_step: Callable[[], int | None],
                newest_committed: Callable[[], int | None], committed_this_run: list[int],
                restored_step: Callable[[], int | None], last_step: Callable[[], int | None],
-               restorer: Any):
+               restorer: Any, phases: phases_lib.LoopPhases | None = None):
     """`save(step, reason, state, last=, deadline=)` starts a save (the checkpointer's); `committed_this_run`
     is the checkpointer's own list (appended to as saves commit); `restorer` tells whether the restored state
-    is a local step the job directory lacks (`unbacked_step`, `local_agreed_newest`)."""
+    is a local step the job directory lacks (`unbacked_step`, `local_agreed_newest`); `phases`, where the loop's
+    main thread is (pax_autockpt.phases): the phase a signal found goes into the `preemption` event."""
     self._events, self._preemption, self._background, self._costs = events, preemption, background, costs
     self._saving, self._exit_after_ondemand = saving, exit_after_ondemand
     self._grace_secs, self._exit_code, self._notice_action = grace_secs, exit_code, notice_action
@@ -54,10 +56,15 @@ class ExitPath:
     self._restorer = restorer
     self._watchdog = grace.Watchdog(self._out_of_time)
     self._exit_step: int | None = None  # the step whose commit the exit path waits for
+    self._phases = phases or phases_lib.LoopPhases()
+    self._found: phases_lib.Place | None = None  # where the signal found the main thread, on this host
+    self._owner_lock = threading.Lock()
+    self._owner: int | None = None  # the thread that took the exit (the main thread's, or pax_autockpt.rescue's)
 
   def signal_arrived(self, signum: int, arrival: float) -> None:
     """A SIGTERM came to this host (any thread): from now on the process ends before the grace period
     does. A Ctrl-C has no scheduler behind it: no deadline."""
+    self._found = self._phases.now()
     if signum == signal.SIGTERM:
       self._watchdog.arm(grace.Deadline(arrival, self._grace_secs))
 
@@ -74,19 +81,45 @@ class ExitPath:
     self._watchdog.arm(deadline)
     return deadline
 
-  def _signal_fields(self, deadline: grace.Deadline | None) -> dict[str, Any]:
-    """For the `preemption` event: when the signal came to this host (None: it did not), and the grace."""
+  def _signal_fields(self, deadline: grace.Deadline | None, agreed_during: str = phases_lib.CHECKPOINT
+                     ) -> dict[str, Any]:
+    """For the `preemption` event: when the signal came to this host (None: it did not), the grace, the phase
+    the signal found here (`during`; where it did not come here, the phase the hosts agreed in), where they
+    agreed (`agreed_during`: the loop's checkpointer call, an eval or decode batch, or `rescue`) and how long
+    the phase held the exit up (`phase_s`, from the signal to the agreement)."""
     got = signals.received()
-    fields = {'signal_at': round(got[1], 6) if got else None}
+    found = self._found if got else None
+    fields = {'signal_at': round(got[1], 6) if got else None,
+              'during': found.phase if found else agreed_during, 'agreed_during': agreed_during}
+    if got:
+      fields['phase_s'] = round(max(0.0, time.time() - got[1]), 6)
     if deadline is not None:
       fields['grace_s'] = self._grace_secs
     return fields
+
+  def take_over(self) -> bool:
+    """The first thread to take the exit owns it (the main thread at an agreement point, or
+    pax_autockpt.rescue's): True for it, False for any other."""
+    with self._owner_lock:
+      if self._owner is None:
+        self._owner = threading.get_ident()
+      return self._owner == threading.get_ident()
+
+  @property
+  def taken(self) -> bool:
+    return self._owner is not None
+
+  def _take_over_or_wait(self) -> None:
+    """Another thread took the exit (its save is running): this one waits for it to end the process."""
+    if not self.take_over():
+      threading.Event().wait()
 
   def before_training(self, step: int, state: dict[str, Any]) -> None:
     """A signal during start-up or the restore: nothing trained since the checkpoint just restored (or
     nothing at all), so nothing to save; every host exits now, before the first step compiles. Unless the
     state restored is a local step the job directory lacks: it is saved there first (the local disks may
     go with the VMs), as at any agreed step."""
+    self._take_over_or_wait()
     unbacked = self._restorer.unbacked_step
     if unbacked is not None:
       logging.info('[autockpt] The restored local step %d is not in the job directory (newest there: %s): saving '
@@ -95,14 +128,19 @@ class ExitPath:
     deadline = self._deadline()
     newest = self._exit_step = self._newest_committed()
     self._events.write('preemption', step=step, signal=self._preemption.signal_name, saved_step=newest,
-                       plan='nothing_to_save', **self._signal_fields(deadline))
+                       plan='nothing_to_save', **self._signal_fields(deadline, phases_lib.START_UP))
     raise outcomes.Preempted(step, nothing_trained(newest),
                              signal=self._preemption.signal_name)
 
-  def on_preemption(self, step: int, state: dict[str, Any]) -> None:
+  def on_preemption(self, step: int, state: dict[str, Any], agreed_during: str = phases_lib.CHECKPOINT,
+                    batch: int | None = None) -> None:
+    """At the agreed step (`agreed_during`: where the hosts agreed; `batch`: which batch of an eval or decode
+    program they stopped before): plan, save, wait for the commit, raise."""
+    self._take_over_or_wait()
     deadline = self._deadline()
     if not self._exit_after_ondemand:  # Pax trains on after the save; the watchdog exits 143 once it committed
-      self._events.write('preemption', step=step, signal=self._preemption.signal_name, **self._signal_fields(None))
+      self._events.write('preemption', step=step, signal=self._preemption.signal_name,
+                         **self._signal_fields(None, agreed_during))
       logging.info('[autockpt] Preemption: every host agreed on step %d.', step)
       self._save_unless_committed(step, 'preemption', state)
       self._exit_step = step
@@ -110,9 +148,11 @@ class ExitPath:
     exit_plan = self._agreed_exit_plan(step, deadline)
     saved = exit_plan.kept_step if exit_plan.action == grace.KEEP_IN_FLIGHT else step
     self._events.write('preemption', step=step, signal=self._preemption.signal_name, saved_step=saved,
-                       plan=exit_plan.action, why=exit_plan.why, **self._signal_fields(deadline))
-    logging.info('[autockpt] Preemption: every host agreed on step %d; %s (%s).', step, _PLAN_WORDS[exit_plan.action],
-                 exit_plan.why)
+                       plan=exit_plan.action, why=exit_plan.why, **self._signal_fields(deadline, agreed_during),
+                       **({'batch': batch} if batch else {}))
+    where = '' if agreed_during == phases_lib.CHECKPOINT else f' ({_PHASE_WORDS.get(agreed_during, agreed_during)})'
+    logging.info('[autockpt] Preemption: every host agreed on step %d%s; %s (%s).', step, where,
+                 _PLAN_WORDS[exit_plan.action], exit_plan.why)
     if exit_plan.action == grace.SAVE and deadline is not None and self._background.in_flight:
       exit_plan = self._replanned(step, deadline)
       if exit_plan.action != grace.SAVE:
@@ -159,8 +199,11 @@ class ExitPath:
     logging.info('[autockpt] %s notice (%s) seen by host %d: every host saves step %d.', notice.source,
                  notice.value[:100], notice.host, step)
     notices.warn_if_window_is_too_close(notice, self._durations())
-    self._save_unless_committed(step, 'notice', state, last=self._notice_action == 'save_and_exit')
-    if self._notice_action == 'save_and_exit':
+    exiting = self._notice_action == 'save_and_exit'
+    if exiting:
+      self._take_over_or_wait()
+    self._save_unless_committed(step, 'notice', state, last=exiting)
+    if exiting:
       self._exit_once_committed(step)
 
   def _durations(self) -> list[float]:
@@ -199,7 +242,8 @@ class ExitPath:
     known = [s for s in (*self._committed_this_run, restored) if s is not None]  # no storage call
     code = self._exit_code if self._exit_step is not None and self._exit_step in known else 1
     message = (f'[autockpt] The grace period of {deadline.grace_secs:g} s ends in {grace.WATCHDOG_LEAD_SECS:g} s: '
-               f'exiting {code} now; the newest committed checkpoint is {max(known, default=None)}.')
+               f'exiting {code} now; the newest committed checkpoint is {max(known, default=None)}'
+               f'{self._what_is_lost(max(known, default=None))}.')
     print(message, file=sys.stderr, flush=True)
 
     def record():
@@ -215,6 +259,18 @@ class ExitPath:
     os._exit(code)  # pylint: disable=protected-access
 
 
+  def _what_is_lost(self, newest: int | None) -> str:
+    """For the watchdog's line: the trained steps no save kept, and where the main thread was held."""
+    place = self._phases.now()
+    if place.step is None or (newest is not None and place.step <= newest) or self.taken:
+      return ''
+    return (f'; step {place.step} is lost: the main thread has been in {place.phase} for '
+            f'{time.time() - place.since:.0f} s and never came back to an agreement point')
+
+
+_PHASE_WORDS = {phases_lib.EVAL: 'at an eval batch: the eval ends there, its metrics unwritten',
+                phases_lib.DECODE: 'at a decode batch: the decode ends there, its outputs unwritten',
+                'rescue': 'saved from another thread: the main thread was held elsewhere'}
 _PLAN_WORDS = {grace.SAVE: 'saving it', grace.KEEP_IN_FLIGHT: 'keeping the save in flight',
                grace.GIVE_UP: 'no save fits'}
 

@@ -91,6 +91,11 @@ def programs(executor: Any) -> tuple[Any, Any]:
   return executor._train_program, executor._eval_programs  # pylint: disable=protected-access
 
 
+def decode_programs(executor: Any) -> Any:
+  """paxml's DefaultExecutor keeps its decode programs beside the train and eval programs."""
+  return executor._decode_programs  # pylint: disable=protected-access
+
+
 def uses_ocdbt(pax_checkpointer: Any) -> bool:
   """Whether the run saves OCDBT (--tensorstore_use_ocdbt) rather than Pax's zarr layout."""
   return bool(getattr(pax_checkpointer.checkpoint_manager, '_tensorstore_use_ocdbt', False))
@@ -344,3 +349,32 @@ def _honouring_uncompressed(build: Callable[..., dict[str, Any]]) -> Callable[..
     return got
   metadata.autockpt = True
   return metadata
+
+
+def instrument_programs(train_program: Any, eval_programs: Any, decode_programs: Any, phases: Any) -> None:
+  """paxml 1.4.0's programs call their own `run`, `train_step`, `_maybe_run_eval_train`, `eval_step` and
+  `decode_step` through `self`: instance attributes wrapping them record the loop's phase in `phases`
+  (pax_autockpt.phases) and make each eval and decode batch an agreement point. No other behaviour changes."""
+  _wrap(train_program, 'run', before=lambda *_: phases.enter('input'), after=lambda *_: phases.enter('loop'))
+  _wrap(train_program, 'train_step', before=lambda *_: phases.enter('train'),
+        after=lambda out, *_: phases.trained(out[0], out[1]))
+  _wrap(train_program, '_maybe_run_eval_train', before=lambda *_: phases.point('eval'),
+        after=lambda *_: phases.enter('after-step'))
+  for kind, programs_of_kind, step_fn in (('eval', eval_programs, 'eval_step'), ('decode', decode_programs,
+                                                                                  'decode_step')):
+    for program in programs_of_kind or ():
+      _wrap(program, 'run', before=lambda *_, k=kind: phases.enter(k), after=lambda *_: phases.enter('loop'))
+      _wrap(program, step_fn, before=lambda *_, k=kind: phases.point(k))
+
+
+def _wrap(obj: Any, name: str, before: Callable[..., None], after: Callable[..., None] | None = None) -> None:
+  original = getattr(obj, name)
+
+  def wrapped(*args, **kwargs):
+    before(*args)
+    out = original(*args, **kwargs)
+    if after is not None:
+      after(out, *args)
+    return out
+
+  setattr(obj, name, wrapped)

@@ -64,8 +64,14 @@ class PreemptionWatcher:
       published = []
     return signal.SIGINT.name if published else signal.SIGTERM.name
 
+  @property
+  def iteration(self) -> int:
+    """How many agreement points this host has passed: the same on every host at the same point."""
+    return self._iteration
+
   def check(self, step: int) -> bool:
-    """Called once per loop iteration, on every host, before the step runs."""
+    """Called once per loop iteration, on every host, before the step runs; and at each eval or decode batch
+    (pax_autockpt.phases) with the newest trained step: every host passes the same points in the same order."""
     if self.agreed_step is None:
       if self._sync is not None:
         hit = self._sync.reached_sync_point(self._iteration)
@@ -91,6 +97,13 @@ class PreemptionWatcher:
     self.agreed_step = step
     self.signal_name = signal.SIGINT.name if signal.SIGINT.name in found.values() else signal.SIGTERM.name
     return True
+
+  def agree_here(self, step: int) -> None:
+    """One process whose main thread is held (pax_autockpt.rescue): `step` is the agreed step, by the
+    signal this process recorded."""
+    got = signals.received()
+    self.agreed_step = step
+    self.signal_name = signals.name(got[0]) if got else signal.SIGTERM.name
 
   def is_agreed(self, step: int) -> bool:
     """Pure lookup, for Pax's and orbax's own `reached_preemption` calls."""

@@ -75,7 +75,7 @@ def reset_signals() -> None:
 # 2 workers, 2026-11-24 with the compilation cache: exact resume ~115 s, gs:// ~125 s, multihost ~105 s,
 # then soak and single-host ~40-50 s), so that no long test is left to start last.
 _SLOWEST_FIRST = ('test_e2e_gcs.py', 'test_e2e_multihost.py', 'test_readme_tutorial.py', 'test_e2e_lineage.py',
-                  'test_e2e_exact_resume.py',
+                  'test_e2e_exact_resume.py', 'test_e2e_anywhere.py',
                   'test_soak.py',
                   'test_e2e_single_host.py',
                   'test_e2e_continuous.py', 'test_e2e_notices.py',

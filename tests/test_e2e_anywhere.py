@@ -1,0 +1,151 @@
+"""End to end: a preemption wherever the loop is (an eval, a decode program, a train input that blocks) saves the
+trained step inside the grace period, on one host and on two; real paxml processes, real SIGTERM, real
+checkpoint directories. Each eval or decode program is 4,000 batches over a paced input (~2 minutes: what a
+real test set takes), so that only an exit that cuts it short fits the 60 s budget."""
+
+import os
+import re
+import signal
+import sys
+import time
+
+import pytest
+
+from pax_autockpt import events as events_lib
+from pax_autockpt import layout
+from pax_autockpt.tools import process
+from tests import forkserver
+from tests.conftest import assert_restorable
+from tests.conftest import checkpoint_steps
+
+pytestmark = pytest.mark.e2e
+
+EVAL = 'tests.e2e_experiments.TinySlowEval'
+DECODE = 'tests.e2e_experiments.TinySlowDecode'
+EVAL_TWO_HOSTS = 'tests.e2e_experiments.TinySlowEvalModelParallel'
+GRACE = '--autockpt_grace_secs=60'
+PACED = 0.03  # seconds per eval or decode batch: 4,000 batches take ~2 minutes
+CLI = [sys.executable, '-m', 'pax_autockpt.tools.cli']
+
+
+def _env(**variables) -> dict[str, str]:
+  return {**os.environ, **{f'AUTOCKPT_TEST_{k}': str(v) for k, v in variables.items()}}
+
+
+def _run_events(job_dir, host=0) -> list[dict]:
+  events = events_lib.read(job_dir, host)
+  return events[max(i for i, e in enumerate(events) if e['event'] == 'start'):]
+
+
+def _preempted_during(job_dir, *, step, during, agreed_during, host=0) -> dict:
+  """The newest run on `host`: one preemption at `step` (the signal found `during`, the hosts agreed in
+  `agreed_during`), its save committed, exit 143 at that step; returns the preemption event."""
+  run = _run_events(job_dir, host)
+  preemptions = [e for e in run if e['event'] == 'preemption']
+  assert len(preemptions) == 1, run
+  found = preemptions[0]
+  assert (found['step'], found['saved_step'], found['plan']) == (step, step, 'save'), found
+  assert (found['during'], found['agreed_during']) == (during, agreed_during), found
+  assert step in [e['step'] for e in run if e['event'] == 'save_committed']
+  assert [(e['code'], e['step']) for e in run if e['event'] == 'exit'] == [(143, step)]
+  complete, incomplete = checkpoint_steps(job_dir)
+  assert max(complete) == step and incomplete == []
+  assert_restorable(job_dir, step)
+  return found
+
+
+def _sigterm_after(job, pattern: str) -> float:
+  """SIGTERM once `pattern` is in the log and a second more has passed; returns when it was sent."""
+  job.wait_for_log(pattern, timeout=240)
+  time.sleep(1.0)
+  return job.send(signal.SIGTERM)
+
+
+def _exits_143_inside_the_budget(job, sent: float) -> float:
+  code = job.wait(120)
+  took = time.time() - sent
+  assert code == 143, job.log()[-3000:]
+  assert took < 60, f'SIGTERM -> exit {took:.1f} s: the grace period was 60 s'
+  return took
+
+
+def test_sigterm_mid_eval_saves_the_trained_step_and_the_rerun_trains_on(jobs, tmp_path):
+  """A SIGTERM a few batches into a 2-minute eval (step 100, `--eval_on_test`), 60 s of grace: the eval ends at
+  the next batch, its metrics unwritten, step 100 commits and the job exits 143 well inside the budget (today's
+  main evaluated on and the watchdog exited 1, step 100 lost). The same command again trains on from 100 (the
+  eval owed at 100 runs at the next interval: here the final step's)."""
+  job_dir = str(tmp_path / 'job')
+  first = forkserver.job(process.ours_argv(EVAL, job_dir, '--eval_on_test', GRACE), str(tmp_path / 'run1.log'),
+                         env=_env(EVAL_SLEEP_S=PACED))
+  jobs.append(first)
+  sent = _sigterm_after(first, r'Finished eval step 3 for')
+  took = _exits_143_inside_the_budget(first, sent)
+  found = _preempted_during(job_dir, step=100, during='eval', agreed_during='eval')
+  assert found['batch'] > 3 and found['phase_s'] < 10, found
+  assert 'Finished eval on' not in first.log()  # the cut eval wrote no result as if it had completed
+  assert 'at an eval batch: the eval ends there' in first.log()
+  print(f'SIGTERM mid-eval -> exit {took:.2f} s, stopped before eval batch {found["batch"]}')
+  again = forkserver.job(process.ours_argv(EVAL, job_dir), str(tmp_path / 'run2.log'))
+  jobs.append(again)
+  assert again.wait(180) == 0, again.log()[-3000:]
+  start = _run_events(job_dir)[0]
+  assert (start['restored_step'], start['restored_from']) == (100, 'bucket')
+  assert max(checkpoint_steps(job_dir)[0]) == 150
+
+
+def test_sigterm_mid_decode_saves_the_trained_step(jobs, tmp_path):
+  """The same during a decode program (`--decode_during_train`, 4,000 paced batches at step 100): the decode
+  ends at the next batch, no decoder outputs are written for step 100, step 100 commits, exit 143."""
+  job_dir = str(tmp_path / 'job')
+  job = forkserver.job(process.ours_argv(DECODE, job_dir, '--decode_during_train', GRACE), str(tmp_path / 'run.log'),
+                       env=_env(DECODE_SLEEP_S=PACED))
+  jobs.append(job)
+  sent = _sigterm_after(job, r'Finished decoding input batch 3 for')
+  took = _exits_143_inside_the_budget(job, sent)
+  found = _preempted_during(job_dir, step=100, during='decode', agreed_during='decode')
+  assert found['batch'] > 3, found
+  assert not list((tmp_path / 'job' / 'decoder_out').glob('*/decoder_out_100*'))
+  print(f'SIGTERM mid-decode -> exit {took:.2f} s, stopped before decode batch {found["batch"]}')
+
+
+def test_sigterm_while_the_train_input_blocks_saves_from_another_thread(jobs, tmp_path):
+  """The train input's get_next never returns from its 120th call (a reader stuck on storage): the main thread
+  reaches no agreement point, so the step it trained last (119) is saved from another thread after
+  `rescue.RESCUE_AFTER_SECS` (10 s; 15 s of the 60 s budget at most), and the job exits 143. The same command
+  without the stuck input trains on from 119."""
+  job_dir = str(tmp_path / 'job')
+  job = forkserver.job(process.ours_argv(EVAL, job_dir, GRACE), str(tmp_path / 'run1.log'),
+                       env=_env(TRAIN_BLOCK_AT=120))
+  jobs.append(job)
+  sent = _sigterm_after(job, r'\[test input\] TRAIN get_next blocks at call 120')
+  took = _exits_143_inside_the_budget(job, sent)
+  assert took >= 10, f'the rescue waits 10 s for the main thread, not {took:.1f} s'
+  found = _preempted_during(job_dir, step=119, during='input', agreed_during='rescue')
+  assert re.search(r'The main thread has been in input for [\d.]+ s and reached no agreement point', job.log())
+  print(f'SIGTERM with the train input blocked -> exit {took:.2f} s (step {found["step"]} saved from another thread)')
+  again = forkserver.job(process.ours_argv(EVAL, job_dir), str(tmp_path / 'run2.log'))
+  jobs.append(again)
+  assert again.wait(180) == 0, again.log()[-3000:]
+  assert _run_events(job_dir)[0]['restored_step'] == 119
+
+
+def test_two_hosts_sigterm_to_host_1_mid_eval_stop_at_the_same_batch(jobs, tmp_path):
+  """One slice over 2 local hosts (each eval batch is a collective), SIGTERM to host 1 only, a few batches into
+  the 2-minute eval: both hosts stop before the same batch, save step 100 and exit 143 inside the budget."""
+  job_dir = str(tmp_path / 'job')
+  argv = [*CLI, 'launch', '--num_hosts=2', '--', f'--exp={EVAL_TWO_HOSTS}', f'--job_log_dir={job_dir}',
+          '--eval_on_test', GRACE]
+  launcher = forkserver.job(argv, str(tmp_path / 'launch.log'), env=_env(EVAL_SLEEP_S=PACED))
+  jobs.append(launcher)
+  for host in (0, 1):
+    path = os.fspath(layout.host_log_path(job_dir, host))
+    process.wait_until(lambda p=path: 'Finished eval step 3 for' in process.text_of(p), f'eval on host {host}',
+                       240, job=launcher)
+  time.sleep(1.0)
+  os.kill(events_lib.read(job_dir, 1)[0]['pid'], signal.SIGTERM)  # host 1 only
+  sent = time.time()
+  took = _exits_143_inside_the_budget(launcher, sent)
+  found = [_preempted_during(job_dir, step=100, during='eval', agreed_during='eval', host=h) for h in (0, 1)]
+  assert found[0]['batch'] == found[1]['batch'] > 3, found
+  assert found[1]['signal_at'] is not None and found[0]['signal_at'] is None  # host 0 learned it from host 1
+  print(f'2 hosts, SIGTERM to host 1 mid-eval -> launcher exit {took:.2f} s, both before batch {found[0]["batch"]}')
