@@ -13,6 +13,7 @@ import pytest
 
 from pax_autockpt import events as events_lib
 from pax_autockpt import layout
+from pax_autockpt import rescue
 from pax_autockpt.tools import process
 from tests import forkserver
 from tests.conftest import assert_restorable
@@ -20,16 +21,22 @@ from tests.conftest import checkpoint_steps
 
 pytestmark = pytest.mark.e2e
 
-EVAL = 'tests.e2e_experiments.TinySlowEval'
-DECODE = 'tests.e2e_experiments.TinySlowDecode'
-EVAL_TWO_HOSTS = 'tests.e2e_experiments.TinySlowEvalModelParallel'
+_B = 'pax_autockpt.tools.bench_experiments.'
+EVAL, DECODE, EVAL_TWO_HOSTS = f'{_B}TinySlowEval', f'{_B}TinySlowDecode', f'{_B}TinySlowEvalModelParallel'
 GRACE = '--autockpt_grace_secs=60'
 PACED = 0.03  # seconds per eval or decode batch: 4,000 batches take ~2 minutes
 CLI = [sys.executable, '-m', 'pax_autockpt.tools.cli']
 
 
 def _env(**variables) -> dict[str, str]:
-  return {**os.environ, **{f'AUTOCKPT_TEST_{k}': str(v) for k, v in variables.items()}}
+  """This environment with pax_autockpt.tools.bench_experiments.PacedLmInput's variables set."""
+  return {**os.environ, **{f'AUTOCKPT_PACED_{k}': str(v) for k, v in variables.items()}}
+
+
+def _job(jobs, argv, log, **paced) -> process.Job:
+  job = forkserver.job(argv, str(log), env=_env(**paced))
+  jobs.append(job)
+  return job
 
 
 def _run_events(job_dir, host=0) -> list[dict]:
@@ -69,15 +76,20 @@ def _exits_143_inside_the_budget(job, sent: float) -> float:
   return took
 
 
-def test_sigterm_mid_eval_saves_the_trained_step_and_the_rerun_trains_on(jobs, tmp_path):
-  """A SIGTERM a few batches into a 2-minute eval (step 100, `--eval_on_test`), 60 s of grace: the eval ends at
-  the next batch, its metrics unwritten, step 100 commits and the job exits 143 well inside the budget (today's
-  main evaluated on and the watchdog exited 1, step 100 lost). The same command again trains on from 100 (the
-  eval owed at 100 runs at the next interval: here the final step's)."""
+def test_sigterm_mid_eval_then_with_the_input_blocked_then_the_rerun_trains_on(jobs, tmp_path):
+  """Three runs of one job:
+  1. A SIGTERM a few batches into a 2-minute eval (step 100, `--eval_on_test`), 60 s of grace: the eval ends at
+     the next batch, its metrics unwritten, step 100 commits and the job exits 143 well inside the budget
+     (today's main evaluated on and the watchdog exited 1, step 100 lost).
+  2. The same command without the eval resumes from 100; its train input's get_next never returns from its 20th
+     call on (a reader stuck on storage): the main thread reaches no agreement point, so the step it trained
+     last (119) is saved from another thread after `rescue.wait_before_rescue` (5 s of a 20 s grace period),
+     exit 143.
+  3. The same command, input unstuck, trains on from 119 to the end (the eval owed at 100 is not run again: the
+     next one is the last step's)."""
   job_dir = str(tmp_path / 'job')
-  first = forkserver.job(process.ours_argv(EVAL, job_dir, '--eval_on_test', GRACE), str(tmp_path / 'run1.log'),
-                         env=_env(EVAL_SLEEP_S=PACED))
-  jobs.append(first)
+  first = _job(jobs, process.ours_argv(EVAL, job_dir, '--eval_on_test', GRACE), tmp_path / 'run1.log',
+               EVAL_SLEEP_S=PACED)
   sent = _sigterm_after(first, r'Finished eval step 3 for')
   took = _exits_143_inside_the_budget(first, sent)
   found = _preempted_during(job_dir, step=100, during='eval', agreed_during='eval')
@@ -85,11 +97,21 @@ def test_sigterm_mid_eval_saves_the_trained_step_and_the_rerun_trains_on(jobs, t
   assert 'Finished eval on' not in first.log()  # the cut eval wrote no result as if it had completed
   assert 'at an eval batch: the eval ends there' in first.log()
   print(f'SIGTERM mid-eval -> exit {took:.2f} s, stopped before eval batch {found["batch"]}')
-  again = forkserver.job(process.ours_argv(EVAL, job_dir), str(tmp_path / 'run2.log'))
-  jobs.append(again)
+
+  stuck = _job(jobs, process.ours_argv(EVAL, job_dir, '--autockpt_grace_secs=20'), tmp_path / 'run2.log',
+               TRAIN_BLOCK_AT=20)
+  sent = _sigterm_after(stuck, r'\[paced input\] TRAIN get_next blocks at call 20')
+  took = _exits_143_inside_the_budget(stuck, sent)
+  assert took >= rescue.wait_before_rescue(20), f'the rescue waits for the main thread first, not {took:.1f} s'
+  assert _run_events(job_dir)[0]['restored_step'] == 100
+  found = _preempted_during(job_dir, step=119, during='input', agreed_during='rescue')
+  assert re.search(r'The main thread has been in input for [\d.]+ s and reached no agreement point', stuck.log())
+  print(f'SIGTERM with the train input blocked -> exit {took:.2f} s (step 119 saved from another thread)')
+
+  again = _job(jobs, process.ours_argv(EVAL, job_dir), tmp_path / 'run3.log')
   assert again.wait(180) == 0, again.log()[-3000:]
   start = _run_events(job_dir)[0]
-  assert (start['restored_step'], start['restored_from']) == (100, 'bucket')
+  assert (start['restored_step'], start['restored_from']) == (119, 'bucket')
   assert max(checkpoint_steps(job_dir)[0]) == 150
 
 
@@ -97,36 +119,14 @@ def test_sigterm_mid_decode_saves_the_trained_step(jobs, tmp_path):
   """The same during a decode program (`--decode_during_train`, 4,000 paced batches at step 100): the decode
   ends at the next batch, no decoder outputs are written for step 100, step 100 commits, exit 143."""
   job_dir = str(tmp_path / 'job')
-  job = forkserver.job(process.ours_argv(DECODE, job_dir, '--decode_during_train', GRACE), str(tmp_path / 'run.log'),
-                       env=_env(DECODE_SLEEP_S=PACED))
-  jobs.append(job)
+  job = _job(jobs, process.ours_argv(DECODE, job_dir, '--decode_during_train', GRACE), tmp_path / 'run.log',
+             DECODE_SLEEP_S=PACED)
   sent = _sigterm_after(job, r'Finished decoding input batch 3 for')
   took = _exits_143_inside_the_budget(job, sent)
   found = _preempted_during(job_dir, step=100, during='decode', agreed_during='decode')
   assert found['batch'] > 3, found
   assert not list((tmp_path / 'job' / 'decoder_out').glob('*/decoder_out_100*'))
   print(f'SIGTERM mid-decode -> exit {took:.2f} s, stopped before decode batch {found["batch"]}')
-
-
-def test_sigterm_while_the_train_input_blocks_saves_from_another_thread(jobs, tmp_path):
-  """The train input's get_next never returns from its 120th call (a reader stuck on storage): the main thread
-  reaches no agreement point, so the step it trained last (119) is saved from another thread after
-  `rescue.RESCUE_AFTER_SECS` (10 s; 15 s of the 60 s budget at most), and the job exits 143. The same command
-  without the stuck input trains on from 119."""
-  job_dir = str(tmp_path / 'job')
-  job = forkserver.job(process.ours_argv(EVAL, job_dir, GRACE), str(tmp_path / 'run1.log'),
-                       env=_env(TRAIN_BLOCK_AT=120))
-  jobs.append(job)
-  sent = _sigterm_after(job, r'\[test input\] TRAIN get_next blocks at call 120')
-  took = _exits_143_inside_the_budget(job, sent)
-  assert took >= 10, f'the rescue waits 10 s for the main thread, not {took:.1f} s'
-  found = _preempted_during(job_dir, step=119, during='input', agreed_during='rescue')
-  assert re.search(r'The main thread has been in input for [\d.]+ s and reached no agreement point', job.log())
-  print(f'SIGTERM with the train input blocked -> exit {took:.2f} s (step {found["step"]} saved from another thread)')
-  again = forkserver.job(process.ours_argv(EVAL, job_dir), str(tmp_path / 'run2.log'))
-  jobs.append(again)
-  assert again.wait(180) == 0, again.log()[-3000:]
-  assert _run_events(job_dir)[0]['restored_step'] == 119
 
 
 def test_two_hosts_sigterm_to_host_1_mid_eval_stop_at_the_same_batch(jobs, tmp_path):

@@ -464,6 +464,23 @@ def test_an_exit_plan_changed_after_the_save_in_flight_is_the_one_reported(tmp_p
   assert (p.plan, p.saved_step) == ('keep_in_flight', 100)
 
 
+def test_the_preemption_line_names_the_phase_the_signal_found_and_what_it_cost(tmp_path):
+  """Two hosts, the signal on host 1 during an eval, agreed 0.3 s later at an eval batch on both: the line
+  names the phase (host 1's: the host the signal reached) and the time the phase held the exit up."""
+  job = Job(tmp_path)
+  for h in (0, 1):
+    job.start(h, 0.0)
+    job.ev(h, 5.3, 'preemption', step=300, signal='SIGTERM', plan='save', saved_step=300, agreed_during='eval',
+           during='eval', batch=38, **({'signal_at': T0 + 5.0, 'phase_s': 0.3} if h == 1 else {'signal_at': None}))
+    job.save(h, 5.3, 300, reason='preemption', blocking=0.01, duration=0.2)
+    job.ev(h, 5.6, 'exit', code=143, step=300)
+  r = report.load(job.write(checkpoints=[300]))
+  p, = r.preemptions
+  assert (p.during, p.agreed_during) == ('eval', 'eval') and p.agreed_after_s == pytest.approx(0.3)
+  assert ('preemptions: 1 at step 300 (SIGTERM during eval -> exit 0.60 s (agreed 0.30 s at an eval batch, then '
+          '0.30 s))') in report.text.format_text(r)
+
+
 def test_local_tier_summaries_count_every_commit_they_stand_for(tmp_path):
   """Summed `local_committed` events (one a minute): the count and the intervals are the commits', not the
   summaries'."""

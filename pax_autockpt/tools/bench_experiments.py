@@ -1,13 +1,24 @@
-"""Experiments for `make bench` and `make soak` only: stock baselines (no hook) and larger CPU states.
+"""Experiments for `make bench`, `make soak` and the end-to-end tests: stock baselines (no hook), larger CPU
+states, and the tiny model with paced (or blocking) inputs and long evals and decodes.
 
 `--exp=pax_autockpt.tools.bench_experiments.<Name>`. The `*Stock` classes are the same models without
 AutockptMixin, for stock paxml/main.py; the others carry the hook.
 """
 
+import os
+import sys
+import threading
+import time
+
+import jax
+import numpy as np
 from paxml import experiment_registry
 from paxml.tasks.lm.params import lm_cloud
+from praxis import decoder_hparams
+from praxis import pax_fiddle
 
 from experiments import lm_cloud_autockpt as exps
+from experiments import synthetic_lm_input
 from pax_autockpt.experiment import AutockptMixin
 
 
@@ -129,3 +140,110 @@ class MediumModelParallelAutockpt(AutockptMixin, _Medium):
   def ICI_MESH_SHAPE(self):  # pylint: disable=invalid-name
     import jax  # pylint: disable=g-import-not-at-top
     return [1, jax.device_count(), 1]
+
+
+class PacedLmInput(synthetic_lm_input.SyntheticLmInput):
+  """The synthetic batches, each after `AUTOCKPT_PACED_<ROLE>_SLEEP_S` seconds (0 when unset); the train input's
+  get_next never returns from its `AUTOCKPT_PACED_TRAIN_BLOCK_AT`-th call on (a reader stuck on storage). Read
+  from the environment, so that a rerun of the same experiment can go at full speed.
+
+  Attributes:
+    role: 'TRAIN', 'EVAL' or 'DECODE': which variables pace it.
+  """
+
+  role: str = 'TRAIN'
+
+  def __post_init__(self):
+    super().__post_init__()
+    self._calls = 0
+
+  def get_next(self):
+    self._calls += 1
+    block_at = int(os.environ.get(f'AUTOCKPT_PACED_{self.role}_BLOCK_AT', '0'))
+    if block_at and self._calls >= block_at:
+      print(f'[paced input] {self.role} get_next blocks at call {self._calls}', file=sys.stderr, flush=True)
+      threading.Event().wait()
+    time.sleep(float(os.environ.get(f'AUTOCKPT_PACED_{self.role}_SLEEP_S', '0')))
+    return super().get_next()
+
+
+class _SlowEval:
+  """150 steps, a save at 0 only (every other checkpoint is one the test caused), an eval every 100 steps of
+  4,000 batches over a paced input (with `--eval_on_test`; `AUTOCKPT_PACED_EVAL_SLEEP_S=0.03`: about two
+  minutes, as a real test set takes), and a paced (or blocking) train input."""
+
+  NUM_TRAIN_STEPS = 150
+  CHECKPOINT_EVERY_N_STEPS = 10**9
+  EVAL_BATCHES = 4000
+
+  def task(self):
+    task_p = super().task()
+    task_p.train.eval_interval_steps = 100
+    return task_p
+
+  def datasets(self):
+    train, evaluation = super().datasets()
+    return [pax_fiddle.Config(PacedLmInput, **_fields(train), role='TRAIN'),
+            pax_fiddle.Config(PacedLmInput, **_fields(evaluation), role='EVAL',
+                              eval_loop_num_batches=self.EVAL_BATCHES)]
+
+
+@experiment_registry.register
+class TinySlowEval(_SlowEval, exps.LmCloudSpmdTinyAutockpt):
+  """The tiny model with the hook, a paced input and a 2-minute eval (_SlowEval)."""
+
+
+@experiment_registry.register
+class TinySlowEvalStock(_SlowEval, exps.LmCloudSpmdTiny):
+  """TinySlowEval without the hook, for stock paxml/main.py."""
+
+
+@experiment_registry.register
+class TinySlowEvalModelParallel(TinySlowEval):
+  """TinySlowEval as one slice over every local host (ICI [1, N, 1]): each eval batch is a collective."""
+
+  @property
+  def ICI_MESH_SHAPE(self):  # pylint: disable=invalid-name
+    return [1, jax.device_count(), 1]
+
+
+def _fields(config) -> dict:
+  return {name: getattr(config, name) for name in ('batch_size', 'seq_len', 'is_training')}
+
+
+class PacedDecodeInput(PacedLmInput):
+  """PacedLmInput for a decode program: each example's prefix length, and the strings Pax writes its decode
+  outputs with.
+
+  Attributes:
+    prefix_len: prefix tokens per example (the rest are decoded).
+  """
+
+  prefix_len: int = 4
+
+  def get_next(self):
+    batch = super().get_next()
+    batch.prefix_lengths = np.full([self.batch_size], self.prefix_len, np.int32)
+    return batch
+
+  def ids_to_strings(self, ids, lengths, key=None):
+    del key
+    return [' '.join(str(int(t)) for t in row[:int(n)]) for row, n in zip(ids, lengths)]
+
+
+@experiment_registry.register
+class TinySlowDecode(TinySlowEval):
+  """TinySlowEval with a greedy decode program every 100 steps (with `--decode_during_train`) of 4,000 batches
+  over a paced input (`AUTOCKPT_PACED_DECODE_SLEEP_S`)."""
+
+  def task(self):
+    task_p = super().task()
+    task_p.train.decode_interval_steps = 100
+    task_p.train.decode_start_after_n_steps = 0
+    task_p.model.decoder_tpl = decoder_hparams.GreedyDecoderHParams(seqlen=8, eos_id=-1)  # never ends early
+    return task_p
+
+  def decoder_datasets(self):
+    return [pax_fiddle.Config(PacedDecodeInput, name='paced_decode', role='DECODE', seq_len=8,
+                              batch_size=self.PERCORE_BATCH_SIZE * jax.local_device_count(), is_training=False,
+                              reset_for_eval=False, eval_loop_num_batches=self.EVAL_BATCHES)]

@@ -10,7 +10,8 @@ request). Scenarios (see scenarios.py): tiny_<storage> (step time with continuou
 blocking, save duration, interval, requests per save), ondemand_<size>_<storage> (the on-demand save vs
 the storage's own limit for the same bytes), ondemandzstd_<size>_<storage> (the on-demand save written
 raw vs with zstd), inflight_<size>_<storage> (SIGTERM during a continuous save, with a grace budget that
-holds a new save and one that does not), stock_<size> (SIGTERM -> exit vs stock paxml), restart,
+holds a new save and one that does not), stock_<size> (SIGTERM -> exit vs stock paxml), anywhere (SIGTERM
+-> exit during a 2-minute eval, and with the train input blocked, each vs between training steps), restart,
 agedlog (a restart with a week of events in its log vs one run's), hook, decision,
 formats_<storage> (zarr vs OCDBT), notices_<size> (notice -> committed), noticestart
 (start-up with notices auto and no server vs off), checksums (the manifest's cost), verification
@@ -50,7 +51,8 @@ STORAGES = {'local': None, 'gcs0': 0.0, 'gcs30': 30.0}
 DEFAULT = ('tiny_local,tiny_gcs0,tiny_gcs30,ondemand_Medium_local,ondemand_Large_local,ondemand_Medium_gcs0,'
            'ondemand_Medium_gcs30,stock_Medium,restart,hook,decision,formats_local,formats_gcs30,notices_Tiny,'
            'notices_Medium,noticestart,checksums,verification,adaptive,ondemandzstd_Large_local,ondemandzstd_Medium_gcs30,'
-           'inflight_Large_gcs30,localtier_Medium_gcs30,localstep,tinyfloor,nice_local,peertransfer_Medium,planscale')
+           'inflight_Large_gcs30,localtier_Medium_gcs30,localstep,tinyfloor,nice_local,peertransfer_Medium,planscale,'
+           'anywhere')
 ON_DEMAND = 'decision_scale,peertransfer_Large,buddystep_Medium,buddyrelaunch_Medium'  # long: run with --only
 
 
@@ -68,6 +70,8 @@ def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
     return scenarios.sigterm_in_flight(storage, rest[0], args.pairs, short=(2.0, 5.0))
   if kind == 'stock':
     return scenarios.sigterm_vs_stock(storage, rest[0], args.pairs)
+  if kind == 'anywhere':
+    return scenarios.sigterm_anywhere(storage, args.pairs)
   if kind == 'restart':
     return scenarios.restart(storage, args.pairs)
   if kind == 'agedlog':

@@ -661,3 +661,52 @@ def orbax_floor(storage: Storage, pairs: int) -> list[Figure]:
                 f'({out["arrays"]} arrays, {out["bytes"] / 1e6:.1f} MB)')
   return [Figure(f'save start -> commit, tiny on-demand save vs orbax 0.5.9 alone (same arrays, raw chunks), '
                  f'{storage.name}', 'ms', mine, floor, 'orbax alone')]
+
+
+# Where the signal finds the loop (pax_autockpt.phases): SIGTERM -> exit with the trained step committed.
+_ANYWHERE = {  # arm -> (flags, paced input variables, what the log shows before the signal)
+    'steps': ((), {'TRAIN_SLEEP_S': 0.03}, r'\[PAX STATUS\]: Step `4` completed'),
+    'eval': (('--eval_on_test',), {'TRAIN_SLEEP_S': 0.03, 'EVAL_SLEEP_S': 0.03}, r'Finished eval step 3 for'),
+    'input': ((), {'TRAIN_BLOCK_AT': 60}, r'\[paced input\] TRAIN get_next blocks at call 60'),
+}
+
+
+def _sigterm_in(storage: Storage, arm: str, name: str) -> tuple[float, dict]:
+  """One run of TinySlowEval (60 s of grace), SIGTERM 1 s after the arm's log line; (SIGTERM -> exit s, the
+  preemption event). The exit must be 143 with the agreed step committed."""
+  flags, paced, pattern = _ANYWHERE[arm]
+  job_dir = storage.job_dir(name)
+  env = {**storage.env(), **{f'AUTOCKPT_PACED_{k}': str(v) for k, v in paced.items()}}
+  job = process.Job([*ours('TinySlowEval', '--autockpt_grace_secs=60', *flags), f'--job_log_dir={job_dir}'],
+                    os.path.join(storage.workdir, f'{name}.log'), env=env)
+  try:
+    job.wait_for_log(pattern, timeout=600)
+    time.sleep(1.0)
+    sent = job.send(signal.SIGTERM)
+    code = job.wait(120)
+    took = time.time() - sent
+  finally:
+    job.kill()
+  preemption = next(e for e in events_lib.read(job_dir) if e['event'] == 'preemption')
+  if code != 143 or preemption['saved_step'] not in layout.committed_steps(layout.checkpoint_dir(job_dir)):
+    raise RuntimeError(f'{name}: exit {code}, preemption {preemption}')
+  storage.clean(job_dir)
+  return took, preemption
+
+
+def sigterm_anywhere(storage: Storage, pairs: int) -> list[Figure]:
+  """SIGTERM -> exit (the trained step committed, exit 143) when the signal finds the loop in a 2-minute eval (the
+  eval cut at the next batch) or with its train input blocked (the step saved from another thread after
+  rescue.RESCUE_AFTER_SECS), each against a signal between training steps, in alternation; the tiny model,
+  60 s of grace."""
+  secs = {arm: [] for arm in _ANYWHERE}
+  for i in range(pairs):
+    for arm in _ANYWHERE:
+      took, event = _sigterm_in(storage, arm, f'anywhere-{arm}-{i}')
+      secs[arm].append(took)
+      measure.say(f'SIGTERM during {arm} #{i}: exit {took:.2f} s (agreed {event.get("agreed_during")}, '
+                  f'step {event["step"]})')
+  return [Figure('SIGTERM -> exit, the signal during a 2-minute eval vs between training steps, tiny, '
+                 f'{storage.name}', 's', secs['eval'], secs['steps'], 'between training steps'),
+          Figure('SIGTERM -> exit, the train input blocked (saved from another thread) vs between training steps, '
+                 f'tiny, {storage.name}', 's', secs['input'], secs['steps'], 'between training steps')]

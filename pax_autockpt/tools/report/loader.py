@@ -309,6 +309,7 @@ def _preemption(group: _Group, run_by_key: dict[tuple[int, int], model.Run],
   plan = replanned.get((first.host, first.run, _step(first)), first)  # the plan changed after the save in flight
   arrivals = [a for a in (values.number(e.rec.get('signal_at')) for e in group.values()) if a is not None]
   signal_at = min(arrivals) if arrivals else None
+  reached = [e for e in group.values() if values.number(e.rec.get('signal_at')) == signal_at] or [first]
   agreed_at = min(e.t for e in group.values())
   by_host = {}
   codes = []
@@ -324,7 +325,8 @@ def _preemption(group: _Group, run_by_key: dict[tuple[int, int], model.Run],
       t=first.t, hosts=sorted(group), exit_after_s=values.max_known(by_host.values()),
       exit_after_s_by_host=dict(sorted(by_host.items())), exit_codes=sorted(set(codes)), signal_at=signal_at,
       agreed_after_s=None if signal_at is None else max(0.0, agreed_at - signal_at),
-      plan=values.string(plan.rec.get('plan')), saved_step=values.integer(plan.rec.get('saved_step')))
+      plan=values.string(plan.rec.get('plan')), saved_step=values.integer(plan.rec.get('saved_step')),
+      during=values.string(reached[0].rec.get('during')), agreed_during=values.string(first.rec.get('agreed_during')))
 
 
 def _preemptions(evs: list[_Event],

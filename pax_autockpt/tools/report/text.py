@@ -81,9 +81,18 @@ def _preemption_line(r: model.Report) -> str:
   if not r.preemptions:
     return 'preemptions: 0'
   steps = ', '.join('?' if p.step is None else str(p.step) for p in r.preemptions)
-  details = ', '.join(f'{p.signal or "?"} -> {_exit_words(p)}' for p in r.preemptions)
+  details = ', '.join(f'{p.signal or "?"}{_phase_words(p)} -> {_exit_words(p)}' for p in r.preemptions)
   return (f'preemptions: {len(r.preemptions)} at step{"s" if len(r.preemptions) > 1 else ""}'
           f' {steps} ({details})')
+
+
+_AGREED_WORDS = {'eval': ' at an eval batch', 'decode': ' at a decode batch',
+                 'rescue': ' by another thread: the main thread was held'}
+
+
+def _phase_words(p: model.Preemption) -> str:
+  """' during eval': the loop's phase the signal found (pax_autockpt.phases), when the log recorded it."""
+  return f' during {p.during}' if p.during else ''
 
 
 def _exit_words(p: model.Preemption) -> str:
@@ -92,7 +101,8 @@ def _exit_words(p: model.Preemption) -> str:
     return 'no exit'
   text = f'exit {p.exit_after_s:.2f} s'
   if p.agreed_after_s is not None:
-    text += f' (agreed {p.agreed_after_s:.2f} s, then {max(0.0, p.exit_after_s - p.agreed_after_s):.2f} s'
+    where = _AGREED_WORDS.get(p.agreed_during, '')
+    text += f' (agreed {p.agreed_after_s:.2f} s{where}, then {max(0.0, p.exit_after_s - p.agreed_after_s):.2f} s'
     text += {'keep_in_flight': f' keeping the save of step {p.saved_step} in flight)',
              'give_up': ': no save fitted)', 'nothing_to_save': ': nothing trained, no save)'}.get(p.plan, ')')
   return text
