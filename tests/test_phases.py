@@ -145,3 +145,18 @@ def _with_programs(ckpt):
   train, evaluation, decode = _TrainProgram(seen), _EvalProgram(3), _EvalProgram(3, 'decode_step')
   internals.instrument_programs(train, [evaluation], [decode], ckpt.phases)
   return seen, train, evaluation, decode
+
+
+def test_the_watchdog_line_names_the_step_a_held_main_thread_loses(job_dir):
+  """Several hosts (no rescue): a main thread held in the input when the budget runs out loses its trained step,
+  and the watchdog's line says which, where and for how long; nothing is said once a thread took the exit."""
+  ckpt, _ = fakes.wrap(job_dir, interval=1000)
+  ckpt.phases.trained(300, STATE)
+  ckpt.phases.enter(phases_lib.INPUT)
+  exit_path = ckpt._exit  # pylint: disable=protected-access
+  words = exit_path._what_is_lost(0)  # pylint: disable=protected-access
+  assert words.startswith('; step 300 is lost: the main thread has been in input for ')
+  assert words.endswith(' s and never came back to an agreement point')
+  assert exit_path._what_is_lost(300) == ''  # pylint: disable=protected-access  (committed: nothing lost)
+  assert exit_path.take_over()
+  assert exit_path._what_is_lost(0) == ''  # pylint: disable=protected-access
