@@ -16,8 +16,8 @@ LEGEND = (
     ('interval P50/P90', 'steps and seconds between consecutive committed checkpoints of one run (a pair across '
      'a restart is left out: its downtime is counted in R)'),
     ('preemptions', 'each signal the job saved on: the agreed step, the phase of the loop the signal found '
-     '(`input`, `train`, `after-step`, `checkpoint`, `loop`: between training steps; `eval`, `decode`), and from the signal\'s arrival to '
-     'the exit (agreeing on the step: what the phase cost, and where; then saving)'),
+     '(`input`, `train`, `after-step`, `checkpoint`, `loop`: between training steps; `eval`, `decode`), and from '
+     'the signal\'s arrival to the exit (agreeing on the step: what the phase cost, and where; then saving)'),
     ('notices', 'maintenance or preemption notices from the metadata server, the step saved for each and how '
      'long before the SIGTERM'),
     ('exit codes, steps lost', 'how runs ended (143: saved on a signal; 0: finished; 1: failed); the steps '
