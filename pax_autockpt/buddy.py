@@ -11,6 +11,11 @@ into `buddy/` of its own local tier, on one background thread at the background 
 commit; one that fails logs a line and the next commit tries again. A restart's plan
 (pax_autockpt.local_restore) uses a buddy copy after a host's own copy and a replica's. The owner serves only
 the steps this run committed; the coordination service carries only its address and secret.
+
+Nothing ends the copying thread (issue 46): a taken port is a free one (pax_autockpt.peer_transfer), a server
+that cannot start is published at once as an error under its address's key (its keeper says so in a line
+instead of waiting ADDRESS_WAIT_MS at each commit) while this host goes on copying its owner's, and any
+other failure is a line at most once a minute and `BuddyCopies.serving` / `server_error` / `copy_error`.
 """
 
 import json
@@ -65,20 +70,34 @@ class BuddyCopies:
     self._peer: dict | None = None  # the owner's address and secret, read once
     self._log = _Log()
     self._host, self._keeper, self._address = host, keeper(host, hosts, slices), (address, port)
+    self._hosts = hosts
     self._server: peer_transfer.PeerServer | None = None
+    self.serving = False  # this host's steps are served to its keeper (what `status` can show)
+    self.server_error: str | None = None  # why they are not
+    self.copy_error: str | None = None  # the newest copy's failure; None once a copy succeeded
     self._thread = threading.Thread(target=self._run, name='autockpt-buddy', daemon=True)
 
   def _start(self) -> None:
     """On the copying thread, at the background nice value (the server's threads inherit it: serving a copy
     yields the CPU to training as copying one does): the server, its address and secret published for the
-    keeper."""
+    keeper; or, when it cannot start, its error under the same key, at once."""
     background_save.lower_priority(self._nice)
     secret = peer_transfer.new_secret()
-    self._server = peer_transfer.PeerServer(self._serve, secret, host=self._address[0], port=self._address[1])
-    bound = self._server.start()
-    self._client.key_value_set(f'{_KEY}{self._host}', json.dumps({'address': list(bound), 'secret': secret}))
-    logging.info('[autockpt] buddy copies: this host keeps host %d\'s newest local step in %s (at most %.0f MB/s); '
-                 'host %d keeps this host\'s.', self.owner, self.kept, self._rate / 1e6, self._keeper)
+    try:
+      self._server = peer_transfer.PeerServer(self._serve, secret, host=self._address[0], port=self._address[1],
+                                              hosts=self._hosts)
+      published = {'address': list(self._server.start()), 'secret': secret}
+      self.serving = True
+    except Exception as e:  # pylint: disable=broad-except  (this host still keeps its owner's copy)
+      self.server_error = failures.one_line(e)
+      published = {'error': self.server_error}
+      logging.warning('[autockpt] buddy copies: this host cannot serve its local steps on %s:%d (%s): host %d keeps '
+                      'no copy of them; this host still keeps host %d\'s.', *self._address, self.server_error,
+                      self._keeper, self.owner)
+    self._client.key_value_set(f'{_KEY}{self._host}', json.dumps(published))
+    if self.serving:
+      logging.info('[autockpt] buddy copies: this host keeps host %d\'s newest local step in %s (at most %.0f MB/s); '
+                   'host %d keeps this host\'s.', self.owner, self.kept, self._rate / 1e6, self._keeper)
 
   def committed(self, step: int) -> None:
     """Every host committed local `step` (a local commit waits for every host's part): serve this host's,
@@ -97,13 +116,20 @@ class BuddyCopies:
 
   def _run(self) -> None:
     """Copies until the process ends (a daemon thread: a copy in flight then stops, and the next run's first
-    copy prunes the `.partial` it left)."""
-    self._start()
+    copy prunes the `.partial` it left). Nothing ends it: a failure is logged and the next commit tries."""
+    try:
+      self._start()
+    except Exception as e:  # pylint: disable=broad-except  (the coordination service, say: copying goes on)
+      self.server_error = self.server_error or failures.one_line(e)
+      self._log.failed('starting the buddy copies', e)
     while True:
       with self._cond:
         self._cond.wait_for(lambda: self._wanted is not None)
         step, self._wanted = self._wanted, None
-      self._copy(step)
+      try:
+        self._copy(step)
+      except Exception as e:  # pylint: disable=broad-except  (a copy is a spare: the next commit tries again)
+        self._failed(step, e)
 
   def _copy(self, step: int) -> None:
     """The owner's `step` into `buddy/`, retried while the owner has not renamed it yet; then the older go."""
@@ -111,17 +137,24 @@ class BuddyCopies:
     try:
       path = self._fetch(step, began + RETRY_SECS)
     except Exception as e:  # pylint: disable=broad-except  (a copy is a spare: training goes on)
-      self._log.failed(step, self.owner, e)
+      self._failed(step, e)
       return
     if path is None:
       return  # a newer commit came first: that one is copied instead
     self._prune(step)
+    self.copy_error = None
     nbytes = os.path.getsize(path / layout.LOCAL_SHARDS)
     self._log.copied(step, self.owner, nbytes, time.monotonic() - began)
+
+  def _failed(self, step: int, error: Exception) -> None:
+    self.copy_error = failures.one_line(error)
+    self._log.failed(f'buddy copy of host {self.owner}\'s local step {step}', error)
 
   def _fetch(self, step: int, deadline: float) -> epath.Path | None:
     if self._peer is None:
       self._peer = json.loads(self._client.blocking_key_value_get(f'{_KEY}{self.owner}', ADDRESS_WAIT_MS))
+    if 'error' in self._peer:
+      raise peer_transfer.PeerUnavailable(f'host {self.owner} serves no copies: {self._peer["error"]}')
     while True:
       try:
         return peer_transfer.fetch_step(tuple(self._peer['address']), self._peer['secret'], step, self.kept,
@@ -164,9 +197,8 @@ class _Log:
                  '%.0f MB/s).', self._copies, owner, since, step, nbytes / 1e6, took, nbytes / 1e6 / max(took, 1e-6))
     self._copies, self._last_line = 0, now
 
-  def failed(self, step: int, owner: int, error: Exception) -> None:
+  def failed(self, what: str, error: Exception) -> None:
     now = time.monotonic()
     if now - self._last_failure >= LOG_SECS:
       self._last_failure = now
-      logging.warning('[autockpt] buddy copy of host %d\'s local step %d failed (%s); the next commit tries again.',
-                      owner, step, failures.one_line(error))
+      logging.warning('[autockpt] %s failed (%s); the next commit tries again.', what, failures.one_line(error))

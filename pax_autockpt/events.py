@@ -6,6 +6,10 @@ event would cost quadratic bytes over a long run; there the log is a series of p
 `PART_EVENTS` lines, each part rewritten whole as it grows, by a background thread so that the training
 loop never waits for storage (the queue drains at exit). An object is replaced atomically, so a part
 is never torn; a SIGKILL loses at most the events still queued.
+
+"No log" is decided only by a listing that succeeded: on gs:// `is_dir()` answers False when the storage
+fails, and a run that took that for "no log" saw no committed history and started its parts at 0, over
+the oldest. A listing that fails is asked again briefly, then raises (EventLogUnreadable).
 """
 
 import concurrent.futures
@@ -21,9 +25,12 @@ from typing import Any
 from absl import logging
 from etils import epath
 
+from pax_autockpt import failures
 from pax_autockpt import layout
 
 PART_EVENTS = 64
+_LIST_PAUSES = (0.5, 1.0, 2.0)  # before each retry of a listing the storage failed; then it raises
+_FILE_NAME = re.compile(r'events\.host(\d+)(?:\.(\d{6}))?\.jsonl')  # layout.events_path's names
 # Where a record starts inside a torn line (the writer puts "t" first).
 _RECORD_START = re.compile(r'\{\s*"t"\s*:')
 
@@ -71,10 +78,55 @@ class HostLog:
   files: list[str]
 
 
+class EventLogUnreadable(OSError):
+  """The event log's folder could not be listed: "could not ask", never to be read as "no log"."""
+
+
+def _entries(folder: epath.Path) -> dict[str, epath.Path]:
+  """A listing's answer ({} when it says the folder is absent); raises when the storage gives none. On
+  object storage a glob: one listing request, [] for an empty prefix, raising when the request fails (TF's
+  directory listing answers NotFoundError for both when its first request fails)."""
+  if layout.is_object_store(folder):
+    return {p.name: p for p in folder.glob('events.host*.jsonl')}
+  return layout.entries(folder)
+
+
+def _listing(folder: epath.Path) -> dict[str, epath.Path]:
+  """`_entries`, asked again briefly after a failure (a storage hiccup), then EventLogUnreadable."""
+  for pause in _LIST_PAUSES:
+    try:
+      return _entries(folder)
+    except Exception:  # pylint: disable=broad-except  (asked again; the last failure is raised)
+      time.sleep(pause)
+  try:
+    return _entries(folder)
+  except Exception as e:  # pylint: disable=broad-except
+    raise EventLogUnreadable(f'the event log could not be listed in {folder} ({1 + len(_LIST_PAUSES)} tries): '
+                             f'{failures.one_line(e)}') from e
+
+
+def event_files(job_log_dir: epath.PathLike) -> dict[int, list[epath.Path]]:
+  """Host -> its event files in write order (the whole file, or its parts by number); raises
+  EventLogUnreadable when the storage cannot say."""
+  found: dict[int, list[tuple[int, epath.Path]]] = {}
+  for name, path in _listing(layout.autockpt_dir(job_log_dir)).items():
+    m = _FILE_NAME.fullmatch(name)
+    if m:
+      found.setdefault(int(m.group(1)), []).append((int(m.group(2) or -1), path))
+  return {host: [p for _, p in sorted(parts)] for host, parts in sorted(found.items())}
+
+
+def next_part(job_log_dir: epath.PathLike, host: int) -> int:
+  """A new process's first part: one past the highest part of this host (counting them would overwrite the
+  newest part after a gap, e.g. a part removed by hand); never a guess when the listing fails."""
+  parts = [_FILE_NAME.fullmatch(p.name) for p in event_files(job_log_dir).get(host, [])]
+  return 1 + max((int(m.group(2)) for m in parts if m and m.group(2)), default=-1)
+
+
 def read_job(job_log_dir: epath.PathLike) -> dict[int, HostLog]:
   """Every host's events, in the order they were written."""
   out = {}
-  for host, paths in layout.event_files(job_log_dir).items():
+  for host, paths in event_files(job_log_dir).items():
     records, bad = [], 0
     for path in paths:
       got, skipped = parse(path.read_bytes())
@@ -135,7 +187,7 @@ class _Parts:
 
   def __init__(self, job_log_dir: epath.PathLike, host: int):
     self._job, self._host = job_log_dir, host
-    self._part = layout.next_event_part(job_log_dir, host)  # a new process, a new part: nothing read back
+    self._part = next_part(job_log_dir, host)  # a new process, a new part: nothing read back
     self._lines: list[str] = []
     self._uploads = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='autockpt-events')
 

@@ -35,11 +35,14 @@ class AutockptExecutor(executors.DefaultExecutor):
     self._events = events_lib.EventLog(job_log_dir, jax.process_index())
     step_metrics = metrics_lib.StepMetrics()
     # Wrapped before the restore, so that a SIGTERM during the restore is already watched for.
-    wrapped = checkpointer_lib.AutockptCheckpointer(
-        checkpointer, settings=self._settings, events=self._events,
-        exit_after_ondemand_checkpoint=exit_after_ondemand_checkpoint,
-        enable_summaries=kwargs.get('enable_summary_writer', True), metrics=step_metrics,
-        slices=math.prod(getattr(jax_task.model, 'dcn_mesh_shape', None) or [1]), end=self._stopped)
+    try:
+      wrapped = checkpointer_lib.AutockptCheckpointer(
+          checkpointer, settings=self._settings, events=self._events,
+          exit_after_ondemand_checkpoint=exit_after_ondemand_checkpoint,
+          enable_summaries=kwargs.get('enable_summary_writer', True), metrics=step_metrics,
+          slices=math.prod(getattr(jax_task.model, 'dcn_mesh_shape', None) or [1]), end=self._stopped)
+    except settings_lib.ConfigError as e:  # e.g. a local directory another live job holds (pax_autockpt.local_lock)
+      self._exit(2, checkpointer.step_to_restore, f'{e}; exiting 2.', error=True)
     step = checkpointer.step_to_restore
     where = 'no checkpoint: starting fresh' if step is None else f'restoring step {step}'
     if self._settings.local_dir:

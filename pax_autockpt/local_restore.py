@@ -15,6 +15,7 @@ The restore plans again whenever it sets a job-directory checkpoint aside.
 """
 
 import dataclasses
+import ipaddress
 import json
 import os
 import socket
@@ -233,8 +234,12 @@ class LocalRestore:
     path = layout.local_step_dir(self.buddy_folder if buddy else self.folder, step)
     secret = peer_transfer.new_secret()
     server = peer_transfer.PeerServer(lambda s: path if s == step else None, secret, host=own_address(),
-                                      port=self._peer_port)
-    address = server.start()
+                                      port=self._peer_port, hosts=self._hosts)
+    try:
+      address = server.start()
+    except Exception as e:
+      client.key_value_set(f'{prefix}peer', json.dumps({'error': failures.one_line(e)}))  # receivers move on now
+      raise
     client.key_value_set(f'{prefix}peer', json.dumps({'address': list(address), 'secret': secret}))
     return server
 
@@ -261,8 +266,8 @@ class LocalRestore:
   def _in_turn(self, client: Any, prefix: str, step: int, sources: list[tuple[int, bool]],
                error: Exception) -> tuple[epath.Path, list[tuple[int, bool]]]:
     for source in sources:
-      peer = _peer(client, prefix, source, wait=True)
       try:
+        peer = _peer(client, prefix, source, wait=True)
         return peer_transfer.fetch_step(tuple(peer['address']), peer['secret'], step, self.folder), [source]
       except peer_transfer.PeerUnavailable as e:
         logging.warning('[autockpt] local step %d from host %d: %s', step, source[0], failures.one_line(e))
@@ -281,12 +286,19 @@ class LocalRestore:
 
 def _peer(client: Any, prefix: str, source: tuple[int, bool], wait: bool) -> dict | None:
   """The address and secret a donor published for `source` (its own copy, or the buddy copy it keeps);
-  without `wait`, None when it has not yet."""
+  without `wait`, None when it has not yet. PeerUnavailable at once for a donor whose server could not start
+  (it publishes its error where the address would be: no receiver waits the fill's timeout for it)."""
   key = f'{prefix}{source[0]}/{int(source[1])}/peer'
   if wait:
-    return json.loads(client.blocking_key_value_get(key, _FILL_WAIT_MS))
-  found = dict(client.key_value_dir_get(key.rsplit('/', 1)[0] + '/'))
-  return json.loads(found[key]) if key in found else None
+    found = json.loads(client.blocking_key_value_get(key, _FILL_WAIT_MS))
+  else:
+    published = dict(client.key_value_dir_get(key.rsplit('/', 1)[0] + '/'))
+    found = json.loads(published[key]) if key in published else None
+  if found is not None and 'error' in found:
+    if not wait:
+      return None
+    raise peer_transfer.PeerUnavailable(f'host {source[0]} cannot serve its copy: {found["error"]}')
+  return found
 
 
 def _from(used: list[tuple[int, bool]]) -> str:
@@ -305,18 +317,48 @@ def _where(plan: Plan | None, newest: int | None) -> str:
 
 
 def own_address() -> str:
-  """The address this host reaches the job's coordinator from: the interface its peers reach it on (a UDP
-  socket's connect sends nothing). 127.0.0.1 for local hosts, and where no coordinator is known."""
+  """The address this host's peers reach it on: the interface its route to the job's coordinator leaves from.
+  Where that route is loopback but the coordinator is named (host 0 where /etc/hosts maps its own name to
+  127.0.1.1, as Debian and many Slurm nodes do: the other machines reach that name elsewhere), the interface
+  of the default route, else 127.0.0.1 in one line. 127.0.0.1 for a coordinator on loopback (every host on
+  this machine) or none."""
   coordinator = distributed.global_state.coordinator_address
   if not coordinator:
     return '127.0.0.1'
   host, _, port = coordinator.rpartition(':')
+  host = host.strip('[]')
+  found = _route_from(host, int(port))
+  if found is not None and not _loopback(found):
+    return found
+  if _loopback(host) or host == 'localhost':
+    return '127.0.0.1'
+  found = _route_from(*_OUTSIDE)
+  if found is not None and not _loopback(found):
+    return found
+  logging.warning('[autockpt] local tier: the coordinator %s is on loopback here and this host has no other '
+                  'route: it serves its local steps on 127.0.0.1, which no other machine reaches.', coordinator)
+  return '127.0.0.1'
+
+
+_OUTSIDE = ('203.0.113.1', 9)  # a documentation address (never a host): its route is the default route
+
+
+def _route_from(host: str, port: int) -> str | None:
+  """The local address a datagram to (host, port) would leave from (a UDP socket's connect sends nothing);
+  None when there is no route or the name does not resolve."""
   try:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-      probe.connect((host.strip('[]'), int(port)))
+    with socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET, socket.SOCK_DGRAM) as probe:
+      probe.connect((host, port))
       return probe.getsockname()[0]
   except OSError:
-    return '127.0.0.1'
+    return None
+
+
+def _loopback(address: str) -> bool:
+  try:
+    return ipaddress.ip_address(address).is_loopback
+  except ValueError:
+    return False  # a name
 
 
 def _release(client: Any, folder: str) -> None:

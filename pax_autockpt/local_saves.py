@@ -11,9 +11,18 @@ peers' parts uncommitted after the bound, never a step some host lacks a part of
 runs in the background. Each step records its lineage (pax_autockpt.lineage), taken with the state. After a
 commit the newest `local_keep` steps this run committed stay; every other committed step in the directory
 (older ones, another job's, a rolled-back lineage's) goes.
+
+A tier that cannot wedge or be shared: the directory is held by this process (pax_autockpt.local_lock) before
+anything in it is read or deleted; leftovers (`.partial`s a kill left, steps this run will not keep) go before
+each save needs their room, not only after a commit, so a directory sized for `local_keep + 1` steps never
+fills after a SIGKILL; the first save says in one line when `local_keep + 1` steps of this host's share cannot
+fit; saves that keep failing are one line and one `local_save_failed` event a minute (FailureSummary).
 """
 
 import base64
+import errno
+import os
+import shutil
 import threading
 import time
 from typing import Any, Callable
@@ -28,6 +37,7 @@ from pax_autockpt import events as events_lib
 from pax_autockpt import failures
 from pax_autockpt import layout
 from pax_autockpt import lineage as lineage_lib
+from pax_autockpt import local_lock
 from pax_autockpt import local_tier
 from pax_autockpt import signals
 
@@ -35,6 +45,7 @@ _KEY = 'autockpt/local/'
 PEER_WAIT_SECS = 60.0  # a peer that has not written its part by then is gone: this step is not committed
 SUMMARY_SECS = 60.0  # at most one `local_committed` event per this long (after the run's first)
 LOG_SECS = 10.0  # at most one log line on the local commits per this long (after the run's first)
+FAILURE_SECS = 60.0  # while local saves keep failing, one line and one `local_save_failed` event per this long
 
 
 class LocalSaves:
@@ -43,7 +54,7 @@ class LocalSaves:
   def __init__(self, folder: epath.PathLike, *, min_interval_secs: float, keep: int, events: events_lib.EventLog,
                lineage: lineage_lib.Tracker, on_commit: Callable[[int], None] | None = None):
     self.folder = epath.Path(folder)
-    self.folder.mkdir(parents=True, exist_ok=True)
+    local_lock.hold(self.folder, events.job_log_dir, events.host)  # made, and this job's, before anything here goes
     self._host, self._hosts = events.host, jax.process_count()
     self._client = distributed.global_state.client if self._hosts > 1 else None
     self._min_interval = min_interval_secs
@@ -56,12 +67,15 @@ class LocalSaves:
     self._published: list[int] = []  # steps whose coordination keys this host set
     self._newest = -1  # the newest step saved (or restored from here): leftovers of other runs do not count
     self._mine: list[int] = []  # the steps this run committed, oldest first
+    self._restored: int | None = None  # the local step this run restored from: kept until its first commit
+    self._room_checked = False  # whether the first save checked the free space yet
     self._summary = CommitSummary(events)
+    self._failures = FailureSummary(events)
     self._on_commit = on_commit  # after every host committed a step (buddy copies)
 
   def restored(self, step: int) -> None:
-    """The run restored local step `step`: it is not saved again."""
-    self._newest = step
+    """The run restored local step `step`: it is not saved again, and stays until this run's first commit."""
+    self._newest = self._restored = step
 
   def maybe_save(self, step: int, train_state: Any, pipeline: Any = None) -> None:
     """Once per loop iteration on every host, in the same order."""
@@ -87,6 +101,7 @@ class LocalSaves:
     if self._thread is not None:
       self._thread.join(timeout)
     self._summary.write()
+    self._failures.report()
 
   @property
   def in_flight(self) -> bool:
@@ -104,18 +119,22 @@ class LocalSaves:
     `began`: the capture's wall-clock time (for the index) and monotonic time (for the duration)."""
     partial = None
     try:
+      self._make_room(snapshot.nbytes)
       partial, arrays = local_tier.write_part(self.folder, step, snapshot)
       inputs = self._exchange(step, snapshot.input_state)
       fp = local_tier.fingerprint_of(snapshot)
       local_tier.commit(partial, local_tier.index(step, self._host, self._hosts, fp, arrays, inputs, began[0],
                                                   lineage))
     except Exception as e:  # pylint: disable=broad-except
-      logging.warning('[autockpt] local save of step %d not committed: %s', step, failures.one_line(e))
+      self._failures.failed(step, e, snapshot.nbytes)
       if partial is not None and partial.exists():
         partial.rmtree()
       return
     self._mine.append(step)
+    recovered = self._failures.report(committed=step)
     self._summary.add(step, time.monotonic() - began[1], snapshot.nbytes)
+    if recovered:
+      self._summary.write(log=False)  # at once: the event log (and `status`) reads the tier as working again
     self._prune()
     if self._on_commit is not None:
       self._on_commit(step)
@@ -145,23 +164,109 @@ class LocalSaves:
       except TypeError:
         pass  # jaxlib 0.4.26 deletes, then cannot convert the returned absl::Status
 
-  def _prune(self) -> None:
-    """The newest `keep` steps this run committed stay, and the one of the step this host keeps a buddy copy
-    of (its own half of that state, pax_autockpt.buddy); every other committed step (older, another job's or
-    lineage's: the directory is this run's now) and leftovers of older saves go."""
-    kept = set(self._mine[-self._keep:])
-    del self._mine[:-self._keep]
-    newest = max(kept)
-    kept |= set(layout.local_committed_steps(layout.local_buddy_dir(self.folder)))  # with the buddy copy, a state
+  def _keeps(self) -> set[int]:
+    """The steps this run keeps: its newest `keep` commits (before the first, the local step it restored), and
+    each own step of a number this host keeps a buddy copy of (its own half of that state, pax_autockpt.buddy)."""
+    kept = set(self._mine[-self._keep:]) or {s for s in [self._restored] if s is not None}
+    return kept | set(layout.local_committed_steps(layout.local_buddy_dir(self.folder)))
+
+  def _clear_leftovers(self) -> None:
+    """Every step entry this run does not keep goes (the directory is this run's): `.partial`s a kill left,
+    older steps, another job's or lineage's, damaged ones. Before each save as well as after each commit, so
+    that a directory with room for `keep + 1` steps always has room for the next one."""
+    kept = {layout.local_step_dir(self.folder, s).name for s in self._keeps()}
     try:
-      for step in layout.local_committed_steps(self.folder):
-        if step not in kept:
-          layout.local_step_dir(self.folder, step).rmtree()
-      for step, partial in layout.local_partials(self.folder):
-        if step < newest:
-          partial.rmtree()
+      for entry in self.folder.iterdir():
+        if not entry.name.startswith('step_') or entry.name in kept:
+          continue
+        if entry.is_dir():
+          entry.rmtree()
+        else:
+          entry.unlink()
     except OSError as e:
       logging.warning('[autockpt] could not prune the local tier %s: %s', self.folder, failures.one_line(e))
+
+  def _prune(self) -> None:
+    """After a commit: the newest `keep` steps this run committed (and those paired with a buddy copy) stay."""
+    del self._mine[:-self._keep]
+    self._clear_leftovers()
+
+  def _make_room(self, share: int) -> None:
+    """Before this host's part of a step is written: the leftovers' room is freed; at the first save, one line
+    when `keep + 1` steps of this host's `share` bytes cannot fit (saves would fail once the tier fills)."""
+    self._clear_leftovers()
+    if self._room_checked:
+      return
+    self._room_checked = True
+    held = sum(_bytes_in(layout.local_step_dir(self.folder, s)) for s in self._keeps())
+    line = room_line(self.folder, share, self._keep, shutil.disk_usage(self.folder).free, held)
+    if line:
+      logging.warning('[autockpt] %s', line)
+
+
+def _bytes_in(step_dir: epath.Path) -> int:
+  return sum(os.path.getsize(p) for p in step_dir.iterdir()) if step_dir.is_dir() else 0
+
+
+def _mb(nbytes: float) -> str:
+  return f'{nbytes / 1e6:.1f} MB'
+
+
+def room_line(folder: epath.Path, share: int, keep: int, free: int, held: int) -> str | None:
+  """Why `folder` cannot hold `keep + 1` steps (the kept ones and the one being written) of this host's `share`
+  bytes, with the figures and the fix; None when it can. `held`: bytes of steps kept there, counted as room."""
+  room, need = free + held, (keep + 1) * share
+  if room >= need:
+    return None
+  fits = room // share - 1 if share else keep
+  fix = f'give it {_mb(need)} or more (a larger tmpfs or /dev/shm, a local SSD)'
+  fix += f' or set --autockpt_local_keep={fits}' if fits >= 1 else ' or turn the local tier off'
+  return (f'the local tier {folder} has room for {_mb(room)} ({_mb(free)} free + {_mb(held)} of steps it keeps), '
+          f'less than --autockpt_local_keep + 1 = {keep + 1} steps of this host\'s {_mb(share)} share ({_mb(need)}): '
+          f'local saves will fail once it fills; {fix}.')
+
+
+class FailureSummary:
+  """Local saves that fail, never silent and never a flood: the run's first failure at once, then while saves keep
+  failing one log line and one `local_save_failed` event per `FAILURE_SECS` (the newest step and reason, how many
+  failed since the previous report); the next commit, or the end of training, reports what is left, so that the
+  event log (and `pax-autockpt status`) shows when the tier stopped and when it worked again."""
+
+  def __init__(self, events: events_lib.EventLog):
+    self._events = events
+    self._lock = threading.Lock()
+    self._count, self._total = 0, 0  # failures since the previous report, and in this run
+    self._newest: tuple[int, str] = (-1, '')  # the newest failure's step and reason
+    self._last: float | None = None  # when the previous report was (monotonic); None: never
+
+  def failed(self, step: int, error: BaseException, share: int) -> None:
+    reason = failures.one_line(error)
+    if getattr(error, 'errno', None) == errno.ENOSPC:
+      reason += f' (the tier needs room for --autockpt_local_keep + 1 steps of this host\'s {_mb(share)} share)'
+    now = time.monotonic()
+    with self._lock:
+      self._count, self._total, self._newest = self._count + 1, self._total + 1, (step, reason)
+      due = self._last is None or now - self._last >= FAILURE_SECS
+    if due:
+      self.report()
+
+  def report(self, committed: int | None = None) -> bool:
+    """The failures since the previous report, if any (True then); `committed`: the step the tier works from again."""
+    with self._lock:
+      count, self._count = self._count, 0
+      if count:
+        self._last = time.monotonic()
+      (step, reason), total = self._newest, self._total
+    if not count:
+      return False
+    self._events.write('local_save_failed', step=step, error=reason, failures=count, total=total)
+    if committed is None:
+      logging.warning('[autockpt] local save of step %d not committed: %s; %d failed since the previous line, %d in '
+                      'this run (one line a minute while local saves fail).', step, reason, count, total)
+    else:
+      logging.warning('[autockpt] local tier: step %d committed after %d more failed save(s) (%d in this run; the '
+                      'newest, of step %d: %s).', committed, count, total, step, reason)
+    return True
 
 
 class _Window:

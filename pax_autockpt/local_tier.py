@@ -148,14 +148,26 @@ def _digest(found: dict[str, Any]) -> str:
 
 
 def read_index(step_dir: epath.Path) -> dict[str, Any]:
-  """A local step's index, checked against its digest; LocalDamage for anything else (unreadable, not
-  JSON, another format, a byte changed)."""
+  """A local step's index, checked against its digest and against its directory's step; LocalDamage for
+  anything else (unreadable, not JSON, another format, a byte changed, another step's index)."""
   path = step_dir / layout.LOCAL_INDEX
   try:
     text = path.read_text()
   except (OSError, ValueError) as e:
     raise LocalDamage(f'{path}: {e}') from None
-  return parse_index(text, path)
+  found = parse_index(text, path)
+  _check_named_for(found, step_dir)
+  return found
+
+
+def _check_named_for(found: dict[str, Any], step_dir: epath.Path) -> None:
+  """The step is its directory's name, the one the restore lists and plans by; the digest covers only the
+  index. A copy of step_00000100 named step_00000200 holds step 100's state: as step 200 it would resume
+  step 100's weights counted 100 steps on."""
+  step = found.get('step')
+  named = isinstance(step, int) and not isinstance(step, bool) and layout.local_step_dir('', step).name == step_dir.name
+  if not named:
+    raise LocalDamage(f"{step_dir.name}: its index is step {step!r}'s (a copy under another step's name)")
 
 
 def parse_index(text: str, path: Any) -> dict[str, Any]:

@@ -90,7 +90,7 @@ def _resolve_wiring() -> hosts.Wiring:
     _fail(str(e))
 
 
-def _check_experiment() -> None:
+def _check_experiment(wiring: hosts.Wiring) -> None:
   """Resolves --exp and its autockpt settings now, so that a typo costs no paxml start-up and a missing
   --exp leaves no job directory behind (paxml would create it first)."""
   if FLAGS.exp is None:
@@ -104,9 +104,20 @@ def _check_experiment() -> None:
     _fail(experiment_names.not_registered(FLAGS.exp, e, experiment_registry.get_all()))
   if hasattr(experiment, 'autockpt_settings'):
     try:
-      experiment.autockpt_settings()
+      _check_local_dir(experiment.autockpt_settings().local_dir, type(experiment).__name__, wiring)
     except settings_lib.ConfigError as e:
       _fail(str(e))
+
+
+def _check_local_dir(local_dir: str, experiment: str, wiring: hosts.Wiring) -> None:
+  """precheck's local-directory check again, for what it could not see (an AUTOCKPT_LOCAL_DIR attribute, a
+  --flagfile): before the job directory is touched, not at the first local save's mkdir."""
+  given = FLAGS['autockpt_local_dir'].present
+  problem = local_dir and precheck.local_dir_unusable(
+      local_dir, wiring.host_idx, wiring.num_hosts, wiring.server_addr,
+      name='--autockpt_local_dir' if given else f'{experiment}.AUTOCKPT_LOCAL_DIR')
+  if problem:
+    _fail(problem)
 
 
 class _RegistrationsUnprinted:
@@ -183,7 +194,7 @@ def main(argv):
   if FLAGS.autockpt_print_wiring:
     print(wiring.line(), flush=True)
     return 0
-  _check_experiment()
+  _check_experiment(wiring)
   _check_job_log_dir()
   FLAGS.host_idx, FLAGS.num_hosts, FLAGS.server_addr = (
       wiring.host_idx, wiring.num_hosts, wiring.server_addr)

@@ -72,8 +72,10 @@ def write(step_path: epath.Path, manifest: dict[str, Any]) -> None:
 def read(step_path: epath.Path) -> dict[str, dict[str, str]] | None:
   """Every host's digests merged (name -> shard key -> digest); None when the checkpoint has no
   manifest (written before this feature, or by stock paxml). Raises ManifestError when one is there but
-  damaged, or a host's file is missing (that host's shards could not be checked). Absence is decided by
-  listings, which raise when the storage fails: on gs:// `is_dir()` answers False for "could not ask"."""
+  damaged, a host's file is missing (that host's shards could not be checked), or it lists no shard at all
+  (an emptied folder, `"arrays": {}`): a save lists every array it wrote, so that is a manifest whose content
+  was lost, and one that checks nothing must not read as "verified". Absence is decided by listings, which
+  raise when the storage fails: on gs:// `is_dir()` answers False for "could not ask"."""
   if 'autockpt_manifest' not in layout.entries(step_path):
     return None
   files = layout.entries(layout.manifest_dir(step_path))
@@ -92,6 +94,9 @@ def read(step_path: epath.Path) -> dict[str, dict[str, str]] | None:
   missing = [f'host{h}.json' for h in range(max(hosts, default=0)) if f'host{h}.json' not in files]
   if missing:
     raise ManifestError(f'{", ".join(missing)} is missing (the save had {max(hosts)} hosts)')
+  if not any(merged.values()):
+    raise ManifestError(f'autockpt_manifest/ lists no array shard ({len(files)} host files): a save lists every '
+                        'array it wrote')
   return merged
 
 
@@ -139,9 +144,12 @@ def compare_stored(step_path: epath.Path, shards: list[tuple[str, str]], expecte
 
 def compare(arrays: Iterable[tuple[str, Any]], expected: dict[str, dict[str, str]]) -> tuple[list[str], int]:
   """(mismatches naming array and shard, shards checked) for (name, jax.Array) pairs: every shard
-  this host holds whose place the manifest knows."""
+  this host holds whose place the manifest knows. An array the manifest does not list is a problem: a
+  save lists every array it wrote, and none of that array's shards could be checked."""
   problems, checked = [], 0
   for name, array in arrays:
+    if name not in expected:
+      problems.append(f'{name} is not in the manifest (a save lists every array it wrote)')
     want = expected.get(name, {})
     for shard in array.addressable_shards:
       key = shard_key(shard.index, array.shape)

@@ -15,13 +15,22 @@ catch a corrupted transfer, not a forged one.
 
 The request's path reaches the filesystem only as `offered(step) / name`, with `name` one of the local
 tier's two file names: the caller decides which steps are offered (this job's committed local steps).
+
+What a stranger who can reach the port can cost the donor (issue 46): at most max(8, 4 x hosts) connections
+are open at once (one more closes the oldest that has not shown the secret, else it is closed at once); a
+request's line and headers must arrive whole within REQUEST_SECS and HEAD_LIMIT bytes before the secret is
+even looked at; refusals are one line, then one summary a minute. So a flood holds the cap's descriptors and
+HEAD_LIMIT bytes each, never a thread for long, and a peer with the secret still gets in.
 """
 
+import collections
 import concurrent.futures
 import contextlib
+import errno
 import hmac
 import http.client
 import http.server
+import io
 import os
 import re
 import secrets
@@ -42,6 +51,11 @@ from pax_autockpt import local_tier
 BUFFER_BYTES = 1 << 20  # what a transfer holds in memory at a time, on either side
 SECRET_HEADER = 'X-Autockpt-Secret'
 INDEX_LIMIT = 256 << 20  # an index is held in memory whole: a longer answer is not one this code wrote
+HEAD_LIMIT = 16 << 10  # a request's line and headers (this code's client sends ~150 bytes)
+REQUEST_SECS = 10.0  # the whole request line and headers, however slowly they trickle in
+MIN_CONNECTIONS = 8  # open at once: max(this, CONNECTIONS_PER_HOST x hosts)
+CONNECTIONS_PER_HOST = 4
+SUMMARY_SECS = 60.0  # refusals: the first in a line, then at most one line (a count) per this long
 _NAMES = (layout.LOCAL_INDEX, layout.LOCAL_SHARDS)
 _PATH = re.compile(r'/v1/steps/(\d{1,20})/(' + '|'.join(re.escape(n) for n in _NAMES) + ')')
 _RANGE = re.compile(r'bytes=(\d+)-(\d*)')
@@ -65,14 +79,26 @@ class _Handler(http.server.BaseHTTPRequestHandler):
   """GET /v1/steps/<step>/<index.json|shards.bin>, behind the secret; HTTP/1.0 (one request a connection)."""
 
   server: '_Server'
-  timeout = 60  # a peer that stops reading (or never sends a request) frees its thread
+  timeout = 60  # a peer that stops reading its answer frees its thread
+
+  def setup(self):
+    """The request line and headers read whole first, within REQUEST_SECS and HEAD_LIMIT bytes (a per-read
+    timeout alone let a byte a minute hold a thread for ever, and the header parser held 6.5 MB a
+    connection); a request that comes short of that is closed unanswered."""
+    super().setup()
+    self.rfile.close()  # the socket's own reader: the request is parsed from the head read here
+    head = _read_head(self.connection, time.monotonic() + REQUEST_SECS)
+    self.connection.settimeout(self.timeout)
+    if head is None and not self.server.gate.evicted(self.connection):
+      self.server.refusals.add('too slow, too large or cut short', self.client_address[0])
+    self.rfile = io.BytesIO(head or b'')
 
   def do_GET(self):  # pylint: disable=invalid-name
     given = self.headers.get(SECRET_HEADER)
     if given is None or not hmac.compare_digest(given.encode('latin-1'), self.server.secret):
-      logging.warning('[autockpt] peer transfer: refused a request from %s without this job\'s secret',
-                      self.client_address[0])
+      self.server.refusals.add("without this job's secret", self.client_address[0])
       return self._empty(403)
+    self.server.gate.trusted(self.connection)
     found = _PATH.fullmatch(self.path)
     folder = found and self.server.offered(int(found.group(1)))
     if folder is None:
@@ -120,50 +146,203 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     self.end_headers()
 
   def log_message(self, format, *args):  # pylint: disable=redefined-builtin
-    """No access log: a transfer is logged by its receiver, a refusal once by do_GET."""
+    """No access log: a transfer is logged by its receiver, refusals in the server's summary."""
+
+
+def _read_head(sock: socket.socket, deadline: float) -> bytes | None:
+  """A request's line and headers through their blank line; None when the deadline passed, HEAD_LIMIT was
+  exceeded, or the peer closed (or was closed by the gate) first."""
+  head = bytearray()
+  while len(head) <= HEAD_LIMIT:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+      return None
+    try:
+      sock.settimeout(remaining)
+      chunk = sock.recv(HEAD_LIMIT + 1 - len(head))
+    except OSError:
+      return None
+    if not chunk:
+      return None
+    tail = head[-3:] + chunk  # the blank line may straddle two reads
+    head += chunk
+    if b'\r\n\r\n' in tail or b'\n\n' in tail:
+      return bytes(head)
+  return None
+
+
+def _shut(sock: socket.socket) -> None:
+  """Ends a connection another thread is reading: its read returns at once, and that thread closes it."""
+  with contextlib.suppress(OSError):
+    sock.shutdown(socket.SHUT_RDWR)
+
+
+class _Gate:
+  """The server's open connections, at most `limit`: one more closes the oldest that has not yet shown the
+  secret (a stranger holding a slot), else it is itself closed at once; one that showed it (a peer of this
+  job) is never closed here. A flood can then take neither the donor's file descriptors nor a peer's turn."""
+
+  def __init__(self, limit: int):
+    self.limit = limit
+    self._lock = threading.Lock()
+    self._waiting: dict[socket.socket, None] = {}  # no secret shown yet, oldest first
+    self._trusted: set[socket.socket] = set()
+    self._evicted: set[socket.socket] = set()
+
+  def admit(self, request: socket.socket) -> tuple[bool, bool]:
+    """(admitted, whether another connection was closed to make room)."""
+    with self._lock:
+      evicted = len(self._waiting) + len(self._trusted) >= self.limit
+      if evicted and not self._waiting:
+        return False, False
+      if evicted:
+        oldest = next(iter(self._waiting))
+        del self._waiting[oldest]
+        self._evicted.add(oldest)
+        _shut(oldest)
+      self._waiting[request] = None
+      return True, evicted
+
+  def trusted(self, request: socket.socket) -> None:
+    with self._lock:
+      if request in self._waiting:  # else the gate closed it already
+        del self._waiting[request]
+        self._trusted.add(request)
+
+  def evicted(self, request: socket.socket) -> bool:
+    with self._lock:
+      return request in self._evicted
+
+  def gone(self, request: socket.socket) -> None:
+    with self._lock:
+      self._waiting.pop(request, None)
+      self._trusted.discard(request)
+      self._evicted.discard(request)
+
+  def close_all(self) -> None:
+    with self._lock:
+      for request in [*self._waiting, *self._trusted]:
+        _shut(request)
+
+  @property
+  def open(self) -> int:
+    with self._lock:
+      return len(self._waiting) + len(self._trusted) + len(self._evicted)
+
+
+class _Refusals:
+  """Refused connections (and requests ended by an error), counted per reason: the first in one line at once,
+  then at most one line per SUMMARY_SECS, the rest when the server stops (a line each let 1,424 strangers'
+  requests write 1,424 warning lines into the job's logs)."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._counts: collections.Counter = collections.Counter()
+    self._last_line: float | None = None
+    self._who = ''
+
+  def add(self, why: str, who: str) -> None:
+    with self._lock:
+      self._counts[why] += 1
+      self._who = who
+      now = time.monotonic()
+      if self._last_line is not None and now - self._last_line < SUMMARY_SECS:
+        return
+      line = self._take(now)
+    logging.warning(line)
+
+  def flush(self) -> None:
+    with self._lock:
+      line = self._take(time.monotonic()) if self._counts else None
+    if line:
+      logging.warning(line)
+
+  def _take(self, now: float) -> str:
+    since = '' if self._last_line is None else f' in the last {now - self._last_line:.0f} s'
+    details = ', '.join(f'{n} {why}' for why, n in self._counts.items())
+    total, self._last_line = sum(self._counts.values()), now
+    self._counts.clear()
+    return (f'[autockpt] peer transfer: {total} request(s) refused or ended early{since} ({details}), the last '
+            f'from {self._who}; at most one such line every {SUMMARY_SECS:.0f} s.')
 
 
 class _Server(http.server.ThreadingHTTPServer):
   daemon_threads = True
+  request_queue_size = 64  # connections the kernel holds until accepted: none is this process's descriptor
 
-  def __init__(self, address: tuple[str, int], offered: Callable[[int], Any], secret: bytes):
+  def __init__(self, address: tuple[str, int], offered: Callable[[int], Any], secret: bytes, limit: int):
     self.address_family = socket.AF_INET6 if ':' in address[0] else socket.AF_INET
     self.offered, self.secret = offered, secret
+    self.gate, self.refusals = _Gate(limit), _Refusals()
     super().__init__(address, _Handler)
 
+  def verify_request(self, request, client_address) -> bool:
+    """Within the gate's limit, else closed at once (socketserver shuts a request refused here)."""
+    admitted, evicted = self.gate.admit(request)
+    if evicted or not admitted:
+      self.refusals.add('over the connection cap', client_address[0])
+    return admitted
+
+  def shutdown_request(self, request) -> None:
+    self.gate.gone(request)
+    super().shutdown_request(request)
+
   def handle_error(self, request, client_address):
-    """One line, not socketserver's traceback on stderr."""
-    logging.warning('[autockpt] peer transfer: a request from %s failed: %s', client_address[0],
-                    failures.one_line(sys.exc_info()[1] or RuntimeError('unknown')))
+    """A count in the refusals' summary, not socketserver's traceback on stderr (nor a line each)."""
+    self.refusals.add(f'ended by {type(sys.exc_info()[1]).__name__}', client_address[0])
 
 
 class PeerServer:
   """Serves the steps `offered` names (a step -> its committed local step directory, or None) to peers
-  holding `secret`; `with PeerServer(...) as server:` starts and stops it."""
+  holding `secret`, at most max(MIN_CONNECTIONS, CONNECTIONS_PER_HOST x `hosts`) connections at once;
+  `with PeerServer(...) as server:` starts and stops it."""
 
   def __init__(self, offered: Callable[[int], epath.Path | None], secret: str, host: str = '127.0.0.1',
-               port: int = 0):
+               port: int = 0, hosts: int = 1):
     if not secret or not secret.isascii():
       raise ValueError('a peer transfer secret must be a non-empty ASCII string (new_secret())')
     self._offered, self._secret, self._address = offered, secret.encode('latin-1'), (host, port)
+    self._limit = max(MIN_CONNECTIONS, CONNECTIONS_PER_HOST * hosts)
     self._server: _Server | None = None
     self._thread: threading.Thread | None = None
     self.address: tuple[str, int] | None = None  # once started: the bound (host, port)
 
   def start(self) -> tuple[str, int]:
-    """Binds (port 0: any free port) and serves on a daemon thread; returns the bound (host, port)."""
-    self._server = _Server(self._address, self._offered, self._secret)
+    """Binds and serves on a daemon thread; returns the bound (host, port), which peers learn through the
+    coordination service."""
+    self._server = self._bind()
     self._thread = threading.Thread(target=self._server.serve_forever, kwargs={'poll_interval': 0.1},
                                     name='autockpt-peer-server', daemon=True)
     self._thread.start()
     self.address = self._server.server_address[:2]
     return self.address
 
+  def _bind(self) -> _Server:
+    """On the port asked for; where that is taken (under `launch` every local host is given the same one),
+    on a free port, in one line: peers learn the address through the coordination service anyway."""
+    try:
+      return _Server(self._address, self._offered, self._secret, self._limit)
+    except OSError as e:
+      if not self._address[1] or e.errno not in (errno.EADDRINUSE, errno.EACCES):
+        raise
+      logging.warning('[autockpt] peer transfer: port %d is not free (%s); serving on a free port instead.',
+                      self._address[1], failures.one_line(e))
+    return _Server((self._address[0], 0), self._offered, self._secret, self._limit)
+
+  @property
+  def connections(self) -> int:
+    """The connections open now (0 when stopped)."""
+    server = self._server
+    return server.gate.open if server is not None else 0
+
   def stop(self) -> None:
+    """Stops serving; a connection still open is ended (every peer is done with this server by now)."""
     if self._server is not None:
       self._server.shutdown()
+      self._server.gate.close_all()
       self._server.server_close()
       self._thread.join()
+      self._server.refusals.flush()
       self._server = self._thread = None
 
   def __enter__(self) -> 'PeerServer':
@@ -283,9 +462,7 @@ def _index(address: tuple[str, int], secret: str, step: int, timeout: float) -> 
   """The donor's index of `step`, checked against its digest."""
   where = f'{address[0]}:{address[1]} step {step}'
   with _get(address, secret, step, layout.LOCAL_INDEX, 0, timeout) as response:
-    if (response.length or 0) > INDEX_LIMIT:
-      raise local_tier.LocalDamage(f'{where}: an index of {response.length} bytes')
-    text = _read(response, where).decode('utf-8', 'replace')
+    text = _read(response, f'{where} {layout.LOCAL_INDEX}', INDEX_LIMIT).decode('utf-8', 'replace')
   found = local_tier.parse_index(text, f'{where} {layout.LOCAL_INDEX}')
   if found.get('step') != step:
     raise local_tier.LocalDamage(f'{where}: the index is step {found.get("step")}\'s')
@@ -416,9 +593,21 @@ def _get(address: tuple[str, int], secret: str, step: int, name: str, start: int
     yield response
 
 
-def _read(response: http.client.HTTPResponse, where: str) -> bytes:
-  """A small body whole; PeerUnavailable when the connection ends before its Content-Length."""
+def _read(response: http.client.HTTPResponse, where: str, limit: int) -> bytes:
+  """A small body whole, never more than `limit` bytes of it in memory whether or not the donor sent a length
+  (LocalDamage past it: not an answer this code wrote); PeerUnavailable when the connection ends before its
+  length."""
+  if (response.length or 0) > limit:
+    raise local_tier.LocalDamage(f'{where}: an answer of {response.length} bytes, over {limit}')
+  parts, size = [], 0
   try:
-    return response.read()
+    if response.length is not None:
+      return response.read()
+    while size <= limit and (chunk := response.read(min(BUFFER_BYTES, limit + 1 - size))):
+      parts.append(chunk)
+      size += len(chunk)
   except (OSError, http.client.HTTPException) as e:
     raise PeerUnavailable(f'{where}: {failures.one_line(e)}') from None
+  if size > limit:
+    raise local_tier.LocalDamage(f'{where}: an answer without a length, longer than {limit} bytes')
+  return b''.join(parts)

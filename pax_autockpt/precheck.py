@@ -147,24 +147,48 @@ def _check_required(values: dict[str, str], argv: list[str]) -> None:
     raise _required('job_log_dir', JOB_REQUIRED, argv)
 
 
-def job_dir_unwritable(job: str) -> str | None:
-  """The error line for a local job directory that cannot be made or written, else None. Tried for real
-  (root passes os.access() on /proc) without making it: a directory made and removed in it, or in its
-  nearest existing parent."""
-  path = existing = os.path.abspath(job)
+def _unwritable(path: str, itself: str = 'it') -> str | None:
+  """Why a directory cannot be made or written at `path` (`itself`: how the reason names `path` when it is a
+  file), else None. Tried for real (root passes os.access() on /proc) without making it: a directory made
+  and removed in it, or in its nearest existing parent."""
+  path = existing = os.path.abspath(path)
   while not os.path.exists(existing):
     existing = os.path.dirname(existing)
-  why = None
   if not os.path.isdir(existing):
-    why = 'it is a file' if existing == path else f'{existing} is a file'
-  else:
-    probe = os.path.join(existing, f'.autockpt-probe-{os.getpid()}')
-    try:
-      os.mkdir(probe)
-      os.rmdir(probe)
-    except OSError as e:
-      why = e.strerror
+    return f'{itself if existing == path else existing} is a file'
+  probe = os.path.join(existing, f'.autockpt-probe-{os.getpid()}')
+  try:
+    os.mkdir(probe)
+    os.rmdir(probe)
+  except OSError as e:
+    return e.strerror
+  return None
+
+
+def job_dir_unwritable(job: str) -> str | None:
+  """The error line for a local job directory that cannot be made or written, else None."""
+  why = _unwritable(job)
   return why and f'--job_log_dir={job} is not writable ({why}): choose a directory you can write to.'
+
+
+def _on_loopback(server_addr: str | None) -> bool:
+  """Whether the coordinator listens on loopback: then every host of the job runs on this machine."""
+  host = (server_addr or '').rpartition(':')[0].strip('[]')
+  return host == 'localhost' or host.startswith('127.') or host == '::1'
+
+
+def local_dir_unusable(template: str, host: int, num_hosts: int, server_addr: str | None,
+                       name: str = '--autockpt_local_dir') -> str | None:
+  """The error line for a local tier this host cannot use, else None: several hosts on one machine sharing one
+  directory (no `{host}`: they would delete each other's steps), or a directory that cannot be made or written
+  (else made at the first local save, after paxml started and wrote the job directory: a traceback)."""
+  if num_hosts > 1 and '{host}' not in template and _on_loopback(server_addr):
+    return (f'{name}={template} has no {{host}} and the {num_hosts} hosts share this machine (--server_addr='
+            f'{server_addr}): each would write the same directory; put {{host}} in it, e.g. '
+            f'{template.rstrip("/")}-{{host}}')
+  mine = template.replace('{host}', str(host))
+  why = _unwritable(mine, itself=mine)
+  return why and f"{name}={template} is not writable ({why}): choose a directory on this host's own disk."
 
 
 def run(argv: list[str]) -> None:
@@ -202,11 +226,9 @@ def run(argv: list[str]) -> None:
   if problem:
     raise settings_lib.ConfigError(problem)
   local = flag.get('autockpt_local_dir')
-  if local:
-    mine = local.replace('{host}', str(wiring.host_idx if wiring.host_idx is not None else 0))
-    if os.path.exists(mine) and not os.path.isdir(mine):
-      raise settings_lib.ConfigError(f'--autockpt_local_dir={local} is not writable ({mine} is a file): choose a '
-                                     "directory on this host's own disk.")
+  problem = local and local_dir_unusable(local, wiring.host_idx or 0, wiring.num_hosts or 1, wiring.server_addr)
+  if problem:
+    raise settings_lib.ConfigError(problem)
   missing = experiment_names.module_missing(values['exp']) if values.get('exp') else None
   if missing:
     raise settings_lib.ConfigError(missing)

@@ -20,3 +20,8 @@ class NotAPolicy(lm_cloud_autockpt.LmCloudSpmdTinyAutockpt):
 @experiment_registry.register
 class InvalidPolicyParameter(lm_cloud_autockpt.LmCloudSpmdTinyAutockpt):
   AUTOCKPT_PRESERVATION_POLICY = policies.AnyPreservationPolicy([policies.LatestN(3), policies.EveryNSteps(0)])
+
+
+@experiment_registry.register
+class UnwritableLocalDir(lm_cloud_autockpt.LmCloudSpmdTinyAutockpt):
+  AUTOCKPT_LOCAL_DIR = '/proc/autockpt-local-{host}'

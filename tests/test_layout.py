@@ -133,6 +133,36 @@ def test_event_log_on_gcs_is_parts_of_bounded_size_read_back_in_order(gcs):
   assert [e['event'] for e in events_lib.read(job, 3)][-2:] == ['start', 'exit']
 
 
+def test_an_event_log_on_gcs_that_cannot_be_listed_is_not_taken_for_no_log(gcs, monkeypatch):
+  """A listing the storage refuses is "could not ask", not "no log": the reader raises (after brief retries)
+  instead of answering no history, and a new process's writer does not start at part 0 over the oldest."""
+  name = f'events-unlisted-{os.getpid()}'
+  job, parts = gcs.url(name), [f'{name}/autockpt/events.host0.{p:06d}.jsonl' for p in (0, 1)]
+  oldest = b'{"t": 1.0, "host": 0, "event": "save_committed", "step": 10}\n'
+  gcs.write(parts[0], oldest)  # written past TF's client: nothing of it is in its caches
+  gcs.write(parts[1], oldest.replace(b'10', b'20'))
+  monkeypatch.setattr(events_lib, '_LIST_PAUSES', (0.0, 0.0), raising=False)
+  gcs.set_faults(fail_fraction=1.0, status=403, path_contains=f'prefix={name}/autockpt')  # its listings fail
+  try:
+    with pytest.raises(Exception) as read:
+      events_lib.read(job, 0)
+    with monkeypatch.context() as answered:  # the folder's own check answered (as from TF's cache in a long run)
+      answered.setattr(type(epath.Path(job)), 'mkdir', lambda self, **kwargs: None)
+      with pytest.raises(Exception) as started:
+        log = events_lib.EventLog(job, host=0)
+        log.write('start')
+        log.flush()
+  finally:
+    gcs.set_faults()
+  for raised in (read.value, started.value):
+    assert 'the event log could not be listed' in str(raised) and '\n' not in str(raised), raised
+  assert gcs.read(parts[0]) == oldest  # not overwritten
+  again = events_lib.EventLog(job, host=0)  # the storage answers again: part 2, after what is there
+  again.write('start')
+  again.flush()
+  assert [e.get('step') for e in events_lib.read(job, 0)] == [10, 20, None]
+
+
 def test_event_log_locally_is_one_file_and_a_torn_line_is_salvaged(tmp_path):
   log = events_lib.EventLog(tmp_path, host=0)
   log.write('start')

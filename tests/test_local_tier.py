@@ -2,6 +2,7 @@
 every host reaches from the hosts' reports (pure), and the listing a restart offers."""
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -83,6 +84,23 @@ def test_a_flipped_byte_or_a_lost_index_is_damage_and_the_step_is_not_offered(tm
     local_tier.read_shards(path, local_tier.read_index(path))
   assert list(local_restore.LocalRestore(tmp_path, host=0, hosts=1).usable_steps(needs_input=False, job=JOB)) == [10]
   assert layout.local_step_dir(tmp_path, 30).exists()  # left where it is: never deleted on a restart
+
+
+def test_a_step_copied_under_another_steps_name_is_not_that_step(tmp_path, caplog):
+  """A copy of step_00000100 named step_00000200 holds step 100's state (its index says so): offered as 200,
+  the run would resume step 100's weights counted as step 200."""
+  mesh, state, specs = _state()
+  _save(tmp_path, 100, state)
+  shutil.copytree(layout.local_step_dir(tmp_path, 100), layout.local_step_dir(tmp_path, 200))
+  restore = local_restore.LocalRestore(tmp_path, host=0, hosts=1)
+  assert list(restore.usable_steps(needs_input=False, job=JOB)) == [100]
+  refused = [r.getMessage() for r in caplog.records if 'local step 200 is not offered' in r.getMessage()]
+  assert len(refused) == 1, refused
+  assert "step_00000200: its index is step 100's (a copy under another step's name)" in refused[0]
+  shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+  with pytest.raises(local_tier.LocalDamage, match="its index is step 100's"):
+    restore.load(200, shapes, mesh, specs)
+  assert layout.local_step_dir(tmp_path, 200).exists()  # left where it is
 
 
 def test_a_half_written_step_is_never_listed_and_the_next_commit_removes_older_leftovers(tmp_path):

@@ -4,10 +4,14 @@ disk, and the local GCS refusing requests), and a host's file that is gone is da
 import json
 
 from etils import epath
+from jax import numpy as jnp
+import numpy as np
 import pytest
 
 from pax_autockpt import layout
 from pax_autockpt import manifest as manifest_lib
+from pax_autockpt import settings as settings_lib
+from tests import fakes
 
 
 def _write(step, host, hosts=2, arrays=None):
@@ -47,3 +51,48 @@ def test_a_storage_that_refuses_to_answer_is_not_a_missing_manifest(gcs):
   finally:
     gcs.set_faults()
   assert manifest_lib.read(step) == {'a0': {'0:4': 'abcd'}}
+
+
+def test_a_manifest_that_lists_no_array_is_damage_not_verified(tmp_path):
+  """An emptied `autockpt_manifest/`, or host files whose `arrays` are all `{}`, prove nothing: a save lists
+  every array it wrote, so such a manifest lost its content after the commit (as a missing host file)."""
+  step = epath.Path(tmp_path) / 'checkpoint_00000010'
+  layout.manifest_dir(step).mkdir(parents=True)
+  with pytest.raises(manifest_lib.ManifestError, match=r'lists no array shard \(\d host files\)'):
+    manifest_lib.read(step)
+  _write(step, 0, hosts=2, arrays={'a': {}})
+  layout.manifest_path(step, 1).write_text(layout.manifest_path(step, 0).read_text().replace('"host": 0', '"host": 1'))
+  with pytest.raises(manifest_lib.ManifestError, match=r'lists no array shard \(\d host files\)'):
+    manifest_lib.read(step)
+  _write(step, 1, hosts=2)  # one host wrote every array, the other none (all its shards were replicas): fine
+  assert manifest_lib.read(step) == {'a': {}, 'a1': {'0:4': 'abcd'}}
+
+
+def test_a_restored_array_the_manifest_does_not_list_is_a_problem():
+  """The restored checkpoint's arrays must all be in its manifest, else a shard was never checked."""
+  array = jnp.arange(4, dtype=jnp.float32)
+  expected = {'w': {'0:4': manifest_lib.digest(np.asarray(array))}}
+  assert manifest_lib.compare([('w', array)], expected) == ([], 1)
+  problems, checked = manifest_lib.compare([('w', array), ('m', array)], expected)
+  assert checked == 1 and problems == ['m is not in the manifest (a save lists every array it wrote)']
+
+
+@pytest.mark.usefixtures('clean_signals')
+@pytest.mark.parametrize('emptied', ['folder', 'arrays'])
+def test_a_checkpoint_whose_manifest_lists_nothing_is_set_aside_not_verified(tmp_path, caplog, emptied):
+  caplog.set_level('INFO')
+  job = tmp_path / 'job'
+  ckpt, _ = fakes.wrap(job, settings_lib.Settings(notices='off'), interval=10)
+  for step in (10, 20):
+    ckpt.save_if_needed(step, fakes.STATE)
+  ckpt.wait_until_finished()
+  newest = layout.manifest_path(layout.step_dir(layout.checkpoint_dir(job), 20), 0)
+  if emptied == 'folder':
+    newest.unlink()
+  else:
+    newest.write_text(json.dumps({**json.loads(newest.read_text()), 'arrays': {}}))
+  ckpt, fake = fakes.wrap(job, settings_lib.Settings(notices='off'), interval=10)
+  assert ckpt.get_model_states(None, None, None)[2] == 10 and fake.restored == [20, 10]
+  skipped, = fakes.events(job, 'restore_skipped')
+  assert skipped['step'] == 20 and 'manifest: autockpt_manifest/ lists no array shard' in skipped['error'], skipped
+  assert '0 shards of 3 arrays checked' not in caplog.text

@@ -2,10 +2,13 @@
 receiver into another folder (whole, refused, cut and resumed, damaged, from a list of donors, in bounded
 memory)."""
 
+import contextlib
 import http.client
 import json
+import select
 import shutil
 import socket
+import threading
 import time
 import tracemalloc
 import types
@@ -21,7 +24,8 @@ from pax_autockpt import peer_transfer
 
 SECRET = peer_transfer.new_secret()
 LINEAGE = lineage_lib.Lineage('job-a', 'run-1', base=None)
-REFUSED = 'peer transfer: refused a request from 127.0.0.1 without this job\'s secret'
+REFUSED = ("peer transfer: 1 request(s) refused or ended early (1 without this job's secret), the last from "
+           '127.0.0.1; at most one such line every 60 s.')
 CUT = (3 << 20) // 2  # a cut server sends 1.5 MB of shards.bin: mid-shard, mid-buffer
 
 
@@ -107,18 +111,20 @@ def test_a_step_fetched_whole_is_byte_identical_and_reads_back(tmp_path):
 
 def test_a_request_without_the_secret_or_with_a_wrong_one_gets_403_one_log_line_and_nothing_is_written(
     tmp_path, caplog, capsys):
+  """The first refusal is one line at once; the rest are summed up (one line a minute at most, and at the
+  stop): a stranger's requests do not write a line each into the job's logs."""
   _donor(tmp_path / 'donor', 5)
   with _server(tmp_path / 'donor') as server:
     for headers in ({}, {peer_transfer.SECRET_HEADER: 'not-the-secret'}, {peer_transfer.SECRET_HEADER: ''}):
       for path in ('/v1/steps/5/shards.bin', '/v1/steps/1/../../etc/passwd'):  # nothing said of a path either
-        caplog.clear()
         status, _, body = _get(server.address, path, headers)
         assert (status, body) == (403, b'')
-        assert [r.getMessage() for r in caplog.records] == [f'[autockpt] {REFUSED}']
-    caplog.clear()
     with pytest.raises(peer_transfer.PeerRefused):
       peer_transfer.fetch_step(server.address, 'another-jobs-secret', 5, tmp_path / 'receiver')
-    assert sum(REFUSED in r.getMessage() for r in caplog.records) == 1
+    assert [r.getMessage() for r in caplog.records] == [f'[autockpt] {REFUSED}']
+  lines = [r.getMessage() for r in caplog.records]
+  assert len(lines) == 2 and "6 request(s) refused or ended early in the last" in lines[1], lines
+  assert "(6 without this job's secret), the last from 127.0.0.1" in lines[1], lines
   assert not (tmp_path / 'receiver').exists()
   assert 'GET' not in capsys.readouterr().err  # no access log
 
@@ -294,3 +300,143 @@ def test_parts_are_whole_shards_of_about_equal_bytes_and_never_empty():
   assert offsets(even, 20) == [[o] for o in range(0, 100, 10)]  # no more parts than shards
   lopsided = [(0, 100, '', ''), (100, 100, '', ''), (200, 1, '', '')]  # two large shards: one for each donor
   assert offsets(lopsided, 2) == [[0], [100, 200]] and offsets([], 2) == []
+
+
+# --- a server strangers cannot exhaust (issue 46) ----------------------------------------------------
+
+
+def _strangers(address, n):
+  """`n` connections that each send one byte of a request and then nothing (a stranger holding a slot)."""
+  socks = []
+  for _ in range(n):
+    socks.append(socket.create_connection(address, timeout=5))
+    socks[-1].sendall(b'G')
+  return socks
+
+
+def _closed(socks, want, wait=5.0):
+  """How many of `socks` the server closed, waiting at most `wait` s for `want` of them (a bounded loop)."""
+  closed, deadline = set(), time.monotonic() + wait
+  while len(closed) < want and time.monotonic() < deadline:
+    readable, _, _ = select.select([s for s in socks if s not in closed], [], [], 0.1)
+    for s in readable:
+      try:
+        data = s.recv(1)
+      except OSError:
+        data = b''
+      if not data:
+        closed.add(s)
+  return len(closed)
+
+
+def _eventually(predicate, wait=5.0):
+  deadline = time.monotonic() + wait
+  while not predicate() and time.monotonic() < deadline:
+    time.sleep(0.05)
+  return predicate()
+
+
+def test_a_taken_port_is_one_line_and_a_free_port_instead(tmp_path, caplog):
+  """Under `launch` every local host is given the same --autockpt_local_peer_port: all but one found it
+  taken, and the OSError killed the buddy-copy thread. Peers learn the address through the coordination
+  service, so any free port serves."""
+  donor = _donor(tmp_path / 'donor', 5)
+  with socket.socket() as holder:
+    holder.bind(('127.0.0.1', 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    with peer_transfer.PeerServer(lambda s: donor if s == 5 else None, SECRET, port=port) as server:
+      assert server.address[1] not in (0, port)
+      got = peer_transfer.fetch_step(server.address, SECRET, 5, tmp_path / 'receiver')
+  _same_files(donor, got)
+  lines = [r.getMessage() for r in caplog.records if 'is not free' in r.getMessage()]
+  assert len(lines) == 1 and f'port {port} is not free' in lines[0], lines
+
+
+def test_strangers_beyond_the_connection_cap_are_closed_at_once_and_a_peer_of_the_job_still_gets_in(
+    tmp_path, caplog):
+  """252 strangers each sending a byte made the donor's own open() fail (EMFILE). Now at most
+  MIN_CONNECTIONS are open: each newer one closes the oldest that showed no secret, and a peer with the
+  secret is served among them; the refusals are a summary, not a line each."""
+  donor = _donor(tmp_path / 'donor', 5)
+  cap = peer_transfer.MIN_CONNECTIONS
+  with _server(tmp_path / 'donor') as server:
+    strangers = _strangers(server.address, 3 * cap)
+    try:
+      assert _closed(strangers, want=2 * cap) >= 2 * cap
+      assert _eventually(lambda: server.connections <= cap), server.connections
+      got = peer_transfer.fetch_step(server.address, SECRET, 5, tmp_path / 'receiver', timeout=5)
+    finally:
+      for s in strangers:
+        s.close()
+  _same_files(donor, got)
+  lines = [r.getMessage() for r in caplog.records if 'over the connection cap' in r.getMessage()]
+  assert 1 <= len(lines) <= 2, lines  # the first at once, the rest summed up at the stop
+
+
+def test_a_request_that_trickles_in_is_closed_at_its_deadline_however_often_a_byte_comes(tmp_path, monkeypatch):
+  """The 60 s timeout was per read: a byte every 30 s held a connection (and a thread) for ever."""
+  monkeypatch.setattr(peer_transfer, 'REQUEST_SECS', 0.5)
+  _donor(tmp_path / 'donor', 5)
+  with _server(tmp_path / 'donor') as server:
+    with socket.create_connection(server.address, timeout=5) as s:
+      for _ in range(50):  # a byte every 0.1 s, for 5 s at most: ten times the deadline
+        try:
+          s.sendall(b'G')
+        except OSError:
+          break
+        if _closed([s], want=1, wait=0.1):
+          break
+      else:
+        pytest.fail('a request trickling in for 5 s is still open')
+
+
+def test_a_request_head_over_the_limit_is_closed_unanswered_in_bounded_memory_secret_or_not(tmp_path):
+  """40 connections sending 6.5 MB of headers each took the donor from 121 MB to 1,537 MB: the headers were
+  parsed whole before the secret was looked at. Now HEAD_LIMIT bytes of them are ever held."""
+  _donor(tmp_path / 'donor', 5)
+  head = f'GET /v1/steps/5/index.json HTTP/1.0\r\n{peer_transfer.SECRET_HEADER}: {SECRET}\r\n'.encode()
+  request = memoryview(head + (b'X-Pad: ' + b'a' * 60000 + b'\r\n') * 98 + b'\r\n')  # 99 headers, 5.9 MB
+  with _server(tmp_path / 'donor') as server:
+    tracemalloc.start()
+    try:
+      for _ in range(4):
+        with socket.create_connection(server.address, timeout=5) as s:
+          try:
+            s.sendall(request)  # within http.client's count of headers
+            answer = s.recv(100)
+          except OSError:
+            answer = b''
+          assert answer == b''
+      _, peak = tracemalloc.get_traced_memory()  # the server runs in this process
+    finally:
+      tracemalloc.stop()
+  assert peak < 2 << 20, peak
+
+
+def test_an_index_answered_without_a_length_is_read_only_to_its_limit(tmp_path, monkeypatch):
+  """A donor (or anything on its port) answering an index without a Content-Length was read until it closed:
+  here, until the read timed out, with every byte in memory."""
+  monkeypatch.setattr(peer_transfer, 'INDEX_LIMIT', 64 << 10)
+  held = threading.Event()
+  with socket.socket() as listener:
+    listener.bind(('127.0.0.1', 0))
+    listener.listen()
+
+    def answer():
+      conn, _ = listener.accept()
+      with conn, contextlib.suppress(OSError):
+        conn.recv(65536)
+        conn.sendall(b'HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n')
+        for _ in range(16):
+          conn.sendall(b' ' * (16 << 10))  # four times the limit, then the connection held open
+        held.wait(10)
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+      with pytest.raises(local_tier.LocalDamage, match='without a length, longer than 65536 bytes'):
+        peer_transfer.fetch_step(listener.getsockname(), SECRET, 5, tmp_path / 'receiver', timeout=3)
+    finally:
+      held.set()
+      thread.join(10)

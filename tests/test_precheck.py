@@ -123,3 +123,26 @@ def test_a_local_dir_that_is_a_file_or_on_object_storage_is_one_line_before_paxm
       "directory on this host's own disk.")
   assert 'use a path on the host\'s own disk' in _error(TINY, JOB, '--autockpt_local_dir=gs://b/local')
   precheck.run(['main', TINY, JOB, f'--autockpt_local_dir={tmp_path}/new-{{host}}'])  # fine: made at start
+
+
+@pytest.mark.parametrize('local', ['/proc/autockpt-local-{host}', '/proc/x'])
+def test_a_local_dir_that_cannot_be_made_is_one_line_before_paxml(local):
+  """Made at the first local save, after paxml started and wrote the job directory: a 47-line traceback."""
+  assert _error(TINY, JOB, f'--autockpt_local_dir={local}').startswith(
+      f'--autockpt_local_dir={local} is not writable (')
+  assert _error(TINY, JOB, f'--autockpt_local_dir={local}').endswith(
+      "): choose a directory on this host's own disk.")
+
+
+def test_several_hosts_on_one_machine_need_host_in_the_local_dir(tmp_path):
+  """A coordinator on loopback means every host runs on this machine (`pax-autockpt launch`): without
+  `{host}` they would all write one directory."""
+  wiring = ['--host_idx=1', '--num_hosts=2', '--server_addr=127.0.0.1:8476']
+  assert _error(TINY, JOB, *wiring, f'--autockpt_local_dir={tmp_path}/local') == (
+      f'--autockpt_local_dir={tmp_path}/local has no {{host}} and the 2 hosts share this machine '
+      f'(--server_addr=127.0.0.1:8476): each would write the same directory; put {{host}} in it, e.g. '
+      f'{tmp_path}/local-{{host}}')
+  precheck.run(['main', TINY, JOB, *wiring, f'--autockpt_local_dir={tmp_path}/local-{{host}}'])
+  precheck.run(['main', TINY, JOB, '--host_idx=1', '--num_hosts=2', '--server_addr=10.0.0.2:8476',
+                f'--autockpt_local_dir={tmp_path}/local'])  # hosts on other machines: each its own disk
+  assert not os.listdir(tmp_path)  # nothing made

@@ -106,3 +106,24 @@ def test_wait_for_checkpoint_returns_once_one_is_committed_or_says_why_not(tmp_p
   assert status.run(job, wait_for=1000, timeout_secs=30) == 1
   assert capsys.readouterr().err == ('status: error: the run ended (exit 1 at step 612) before a checkpoint of step '
                                      '1000 or later was committed\n')
+
+
+def test_local_saves_failing_since_the_newest_local_commit_are_a_line_until_one_commits_again(tmp_path, capsys):
+  """A local tier that stopped (a full disk) is never silent: how many saves failed since the newest local commit,
+  from when to when, and the newest reason; a commit after them (or another run) ends the line."""
+  job = str(tmp_path / 'job')
+  error = 'OSError: [Errno 28] No space left on device'
+  _run(job, ('start', {'restored_step': None}), ('local_committed', {'step': 300, 'duration_s': 0.02}),
+       ('local_save_failed', {'step': 301, 'error': error, 'failures': 1, 'total': 1}),
+       ('local_save_failed', {'step': 361, 'error': error, 'failures': 60, 'total': 61}))
+  status.run(job)
+  lines = capsys.readouterr().out.splitlines()
+  assert len(lines) == 4 and lines[1].startswith('local tier: step 300 committed on host 0 at ')
+  assert lines[2].startswith('local tier: saves failing on host 0: 61 not committed from ')
+  assert lines[2].endswith(f', the newest (step 361): {error}')
+  _run(job, ('local_save_failed', {'step': 362, 'error': error, 'failures': 1, 'total': 62}),
+       ('local_committed', {'step': 363, 'duration_s': 0.02}))
+  status.run(job)
+  assert 'saves failing' not in capsys.readouterr().out
+  _run(job, ('start', {'restored_step': None}), ('local_save_failed', {'step': 5, 'error': error, 'failures': 2}))
+  assert status.failing_line(events_lib.read(job, 0)).startswith('local tier: saves failing on host 0: 2 not ')

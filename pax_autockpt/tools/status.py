@@ -1,7 +1,7 @@
 """`pax-autockpt status JOB_LOG_DIR`: where a job stands, in two lines — the newest committed checkpoint
 (what the same command would resume from) and how the last run ended — and a third between them where
-the job uses a local tier (host 0's newest local step). Local disk or gs://; reads only
-the checkpoint listing and host 0's event log, so it answers while the job runs.
+the job uses a local tier (host 0's newest local step; and another while its local saves are failing). Local
+disk or gs://; reads only the checkpoint listing and host 0's event log, so it answers while the job runs.
 
 `--wait_for_checkpoint STEP` first waits until a checkpoint of STEP or later is committed (a script's
 "let it train a while, then preempt it"): exit 1 with one line when the job's run ends first, or on timeout.
@@ -77,6 +77,19 @@ def local_line(evs: list[dict], newest: int | None) -> str | None:
   return f'local tier: step {step} committed on host 0 at {_when(local[-1]["t"])}{newer}'
 
 
+def failing_line(evs: list[dict]) -> str | None:
+  """Where host 0's newest run has local saves failing since its newest local commit: how many, since when,
+  and the newest reason (the tier has stopped: a restart loses more than the local interval)."""
+  run = last_run(evs)
+  commits = [i for i, e in enumerate(run) if e['event'] == 'local_committed']
+  failed = [e for e in run[commits[-1] + 1 if commits else 0:] if e['event'] == 'local_save_failed']
+  if not failed:
+    return None
+  count, newest = sum(e.get('failures', 1) for e in failed), failed[-1]
+  return (f'local tier: saves failing on host 0: {count} not committed from {_when(failed[0]["t"])} to '
+          f'{_when(newest["t"])}, the newest (step {newest.get("step")}): {newest.get("error")}')
+
+
 def wait_for_checkpoint(job_log_dir: str, step: int, timeout_secs: float, poll_secs: float = 0.5) -> str | None:
   """Returns once a checkpoint of `step` or later is committed (None), or why it will not be."""
   began = time.time()
@@ -107,7 +120,8 @@ def run(job_log_dir: str, wait_for: int | None = None, timeout_secs: float = 600
   evs, steps = events_lib.read(job_log_dir, 0), layout.committed_steps(layout.checkpoint_dir(job_log_dir))
   print(checkpoint_line(steps, finished(last_run(evs))))
   local = local_line(evs, steps[-1] if steps else None)
-  if local:
-    print(local)
+  for line in (local, failing_line(evs)):
+    if line:
+      print(line)
   print(run_line(evs))
   return 0

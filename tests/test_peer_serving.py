@@ -1,0 +1,215 @@
+"""Peer serving that cannot die or be reached wrongly (issue 46): the buddy copies' and the fill's servers on
+a taken port, a server that cannot start published at once, a copying thread that outlives any failure, and
+the address a host serves on. Real servers on 127.0.0.1; the coordination service is an in-process dict."""
+
+import errno
+import json
+import socket
+import threading
+import time
+
+from jax._src import distributed
+import pytest
+
+from pax_autockpt import buddy
+from pax_autockpt import layout
+from pax_autockpt import local_restore
+from pax_autockpt import peer_transfer
+from tests import test_peer_transfer as transfer
+
+ELSEWHERE = '203.0.113.7'  # a documentation address: never this machine's, so no server binds it
+
+
+class _Service:
+  """The coordination service's key-value calls, in this process (a key is set once, as in JAX's)."""
+
+  def __init__(self):
+    self.values, self._cond = {}, threading.Condition()
+
+  def key_value_set(self, key, value):
+    with self._cond:
+      if key in self.values:
+        raise RuntimeError(f'ALREADY_EXISTS: {key}')
+      self.values[key] = value
+      self._cond.notify_all()
+
+  def blocking_key_value_get(self, key, timeout_ms):
+    with self._cond:
+      if not self._cond.wait_for(lambda: key in self.values, timeout_ms / 1000):
+        raise TimeoutError(f'DEADLINE_EXCEEDED: {key}')
+      return self.values[key]
+
+  def key_value_dir_get(self, folder):
+    with self._cond:
+      return [(k, v) for k, v in self.values.items() if k.startswith(folder)]
+
+
+@pytest.fixture
+def service(monkeypatch):
+  found = _Service()
+  monkeypatch.setattr(distributed.global_state, 'client', found)
+  return found
+
+
+@pytest.fixture
+def hosts(tmp_path, service):  # pylint: disable=unused-argument  (the copies read the service at their start)
+  """make(host, **kwargs): one host's BuddyCopies of a 2-host job, each with its own step 5 committed; their
+  servers are stopped after the test (the copying threads are daemons, as in a run)."""
+  made = []
+
+  def make(host, address='127.0.0.1', port=0):
+    transfer._donor(tmp_path / f'host{host}', 5)  # pylint: disable=protected-access
+    made.append(buddy.BuddyCopies(tmp_path / f'host{host}', host=host, hosts=2, slices=1, mb_per_sec=1000.0,
+                                  nice=0, address=address, port=port))
+    return made[-1]
+
+  yield make
+  for copies in made:
+    if copies._server is not None:  # pylint: disable=protected-access
+      copies._server.stop()  # pylint: disable=protected-access
+
+
+def _eventually(predicate, wait=10.0):
+  deadline = time.monotonic() + wait
+  while not predicate() and time.monotonic() < deadline:
+    time.sleep(0.05)
+  return predicate()
+
+
+def _messages(caplog, text):
+  return [r.getMessage() for r in caplog.records if text in r.getMessage()]
+
+
+def test_a_taken_peer_port_under_launch_leaves_every_hosts_buddy_copies_working(hosts, caplog):
+  """`launch` gives every local host the same --autockpt_local_peer_port: here another process holds it, and
+  the OSError used to end each host's copying thread for the whole run."""
+  with socket.socket() as holder:
+    holder.bind(('127.0.0.1', 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    copies = [hosts(h, port=port) for h in range(2)]
+    for c in copies:
+      c.committed(5)
+    assert _eventually(lambda: all(layout.local_committed_steps(c.kept) == [5] for c in copies))
+  assert all(c.serving and c._thread.is_alive() for c in copies)  # pylint: disable=protected-access
+  assert len(_messages(caplog, f'port {port} is not free')) == 2
+
+
+def test_a_buddy_server_that_cannot_start_is_published_at_once_and_copying_goes_on(hosts, service, caplog):
+  """Host 0 cannot bind its address: its keeper (host 1) learns it at once through the key the address would
+  be under (it waited ADDRESS_WAIT_MS, 60 s, for an address that never came), and host 0 still keeps host 1's
+  copy; the thread lives on and the fields say what is wrong."""
+  copies = [hosts(0, address=ELSEWHERE), hosts(1)]
+  for c in copies:
+    c.committed(5)
+  assert _eventually(lambda: copies[1].copy_error is not None, wait=5.0)
+  assert 'host 0 serves no copies: OSError' in copies[1].copy_error
+  assert json.loads(service.values['autockpt/buddy/0'])['error'].startswith('OSError')
+  assert _eventually(lambda: layout.local_committed_steps(copies[0].kept) == [5])
+  assert not copies[0].serving and copies[0].server_error.startswith('OSError')
+  assert copies[0]._thread.is_alive() and copies[1]._thread.is_alive()  # pylint: disable=protected-access
+  assert len(_messages(caplog, 'this host cannot serve its local steps')) == 1
+
+
+def test_the_copying_thread_outlives_an_unexpected_error_and_the_next_commit_is_copied(
+    hosts, tmp_path, monkeypatch, caplog):
+  """Any error outside the fetch (here the prune after the first copy) ended the thread silently: no later
+  commit was copied."""
+  prune = buddy.BuddyCopies._prune  # pylint: disable=protected-access
+
+  def failing_once(self, newest):
+    if newest == 5:
+      raise RuntimeError('a disk that went away')
+    prune(self, newest)
+
+  monkeypatch.setattr(buddy.BuddyCopies, '_prune', failing_once)
+  copies = [hosts(h) for h in range(2)]
+  for c in copies:
+    c.committed(5)
+  assert _eventually(lambda: copies[1].copy_error is not None)
+  assert 'RuntimeError: a disk that went away' in copies[1].copy_error
+  transfer._donor(tmp_path / 'host0', 6)  # pylint: disable=protected-access
+  for c in copies:
+    c.committed(6)
+  assert _eventually(lambda: 6 in layout.local_committed_steps(copies[1].kept))
+  assert _eventually(lambda: copies[1].copy_error is None)
+  assert _messages(caplog, 'failed (RuntimeError: a disk that went away); the next commit tries again')
+
+
+def test_a_fill_server_that_cannot_start_is_published_at_once_and_its_receiver_moves_on(
+    tmp_path, service, monkeypatch):
+  """The donor's error reached the `done` report, but its receiver waited the fill's 10 minutes for the
+  address first."""
+  monkeypatch.setattr(local_restore, 'own_address', lambda: ELSEWHERE)
+  transfer._donor(tmp_path / 'donor', 5)  # pylint: disable=protected-access
+  donor = local_restore.LocalRestore(tmp_path / 'donor', host=0, hosts=2)
+  with pytest.raises(OSError):
+    donor._serve(service, 'fill/1/5/0/0/', 5, False)  # pylint: disable=protected-access
+  assert json.loads(service.values['fill/1/5/0/0/peer'])['error'].startswith('OSError')
+  receiver = local_restore.LocalRestore(tmp_path / 'receiver', host=1, hosts=2)
+  with pytest.raises(peer_transfer.PeerUnavailable, match='host 0 cannot serve its copy: OSError'):
+    receiver._receive(service, 'fill/1/5/', 5, ((0, False),))  # pylint: disable=protected-access
+
+
+def test_a_donor_that_cannot_serve_sends_its_receiver_to_the_next_source_in_turn(tmp_path, service):
+  """`_in_turn` read a published error as an address; now it is one more donor that did not serve."""
+  donor = transfer._donor(tmp_path / 'keeper', 5)  # pylint: disable=protected-access
+  service.key_value_set('fill/1/5/0/0/peer', json.dumps({'error': 'OSError: [Errno 99] not available'}))
+  with peer_transfer.PeerServer(lambda s: donor if s == 5 else None, transfer.SECRET) as keeper:
+    service.key_value_set('fill/1/5/2/1/peer', json.dumps({'address': list(keeper.address),
+                                                           'secret': transfer.SECRET}))
+    receiver = local_restore.LocalRestore(tmp_path / 'receiver', host=1, hosts=3)
+    path, used = receiver._in_turn(service, 'fill/1/5/', 5, [(0, False), (2, True)],  # pylint: disable=protected-access
+                                   peer_transfer.PeerUnavailable('the parallel attempt'))
+  assert used == [(2, True)]
+  transfer._same_files(donor, path)  # pylint: disable=protected-access
+
+
+# --- the address a host serves on ----------------------------------------------------------------------
+
+
+def _routes(monkeypatch, coordinator, routes):
+  """own_address's view: the job's coordinator at `coordinator`, and a datagram to host `h` leaving from
+  `routes[h]` (`routes['*']`: the default route; no entry: unreachable). No packet is sent either way."""
+  monkeypatch.setattr(distributed.global_state, 'coordinator_address', coordinator)
+
+  class Probe:
+
+    def __init__(self, *unused):
+      self.source = None
+
+    def __enter__(self):
+      return self
+
+    def __exit__(self, *unused):
+      pass
+
+    def connect(self, address):
+      self.source = routes.get(address[0], routes.get('*'))
+      if self.source is None:
+        raise OSError(errno.ENETUNREACH, 'Network is unreachable')
+
+    def getsockname(self):
+      return self.source, 40000
+
+  monkeypatch.setattr(local_restore.socket, 'socket', Probe)
+
+
+def test_host_0_whose_name_maps_to_loopback_serves_on_its_outward_address(monkeypatch, caplog):
+  """Debian's /etc/hosts maps the machine's own name to 127.0.1.1: where the coordinator is host 0's name,
+  its route to it is loopback, and its servers bound an address no other machine reaches."""
+  _routes(monkeypatch, 'node-0:1234', {'node-0': '127.0.1.1', '*': '10.0.0.5'})
+  assert local_restore.own_address() == '10.0.0.5'
+  _routes(monkeypatch, 'node-0:1234', {'node-0': '127.0.1.1'})  # no other route: loopback, said in a line
+  assert local_restore.own_address() == '127.0.0.1'
+  assert len(_messages(caplog, 'which no other machine reaches')) == 1
+
+
+def test_other_hosts_and_single_machine_jobs_keep_their_address(monkeypatch, caplog):
+  _routes(monkeypatch, 'node-0:1234', {'node-0': '10.0.0.1', '*': '192.168.9.9'})
+  assert local_restore.own_address() == '10.0.0.1'  # the interface toward the coordinator, not the default
+  monkeypatch.undo()
+  for coordinator in ('127.0.0.1:1234', 'localhost:1234', ''):  # `launch`: every host on this machine
+    monkeypatch.setattr(distributed.global_state, 'coordinator_address', coordinator)
+    assert local_restore.own_address() == '127.0.0.1'
+  assert not _messages(caplog, 'no other machine')
