@@ -76,8 +76,19 @@ def _exits_143_inside_the_budget(job, sent: float) -> float:
   return took
 
 
-def test_sigterm_mid_eval_then_with_the_input_blocked_then_the_rerun_trains_on(jobs, tmp_path):
-  """Three runs of one job:
+def _cut_short(jobs, exp: str, job_dir: str, flag: str, log, phase: str, pattern: str, step: int, **paced):
+  """A run of `exp` with `flag` SIGTERMed a few batches into its 2-minute `phase` program at `step`: it exits
+  143 inside the budget with `step` saved, the program stopped before a batch past the third; (the job,
+  SIGTERM -> exit s, the preemption event)."""
+  job = _job(jobs, process.ours_argv(exp, job_dir, flag, GRACE), log, **paced)
+  took = _exits_143_inside_the_budget(job, _sigterm_after(job, pattern))
+  found = _preempted_during(job_dir, step=step, during=phase, agreed_during=phase)
+  assert found['batch'] > 3, found
+  return job, took, found
+
+
+def test_sigterm_mid_eval_then_with_the_input_blocked_then_mid_decode(jobs, tmp_path):
+  """Three runs of one job, each resuming from the step the one before saved:
   1. A SIGTERM a few batches into a 2-minute eval (step 100, `--eval_on_test`), 60 s of grace: the eval ends at
      the next batch, its metrics unwritten, step 100 commits and the job exits 143 well inside the budget
      (today's main evaluated on and the watchdog exited 1, step 100 lost).
@@ -85,15 +96,13 @@ def test_sigterm_mid_eval_then_with_the_input_blocked_then_the_rerun_trains_on(j
      call on (a reader stuck on storage): the main thread reaches no agreement point, so the step it trained
      last (119) is saved from another thread after `rescue.wait_before_rescue` (5 s of a 20 s grace period),
      exit 143.
-  3. The same command, input unstuck, trains on from 119 to the end (the eval owed at 100 is not run again: the
-     next one is the last step's)."""
+  3. The same model with a decode program (`--decode_during_train`, 4,000 paced batches at the last step, 150),
+     input unstuck: it trains on from 119 (the eval owed at 100 is not run again); a SIGTERM a few batches into
+     the decode ends it at the next batch, no decoder outputs are written for step 150, 150 commits, exit 143."""
   job_dir = str(tmp_path / 'job')
-  first = _job(jobs, process.ours_argv(EVAL, job_dir, '--eval_on_test', GRACE), tmp_path / 'run1.log',
-               EVAL_SLEEP_S=PACED)
-  sent = _sigterm_after(first, r'Finished eval step 3 for')
-  took = _exits_143_inside_the_budget(first, sent)
-  found = _preempted_during(job_dir, step=100, during='eval', agreed_during='eval')
-  assert found['batch'] > 3 and found['phase_s'] < 10, found
+  first, took, found = _cut_short(jobs, EVAL, job_dir, '--eval_on_test', tmp_path / 'run1.log', 'eval',
+                                  r'Finished eval step 3 for', 100, EVAL_SLEEP_S=PACED)
+  assert found['phase_s'] < 10, found
   assert 'Finished eval on' not in first.log()  # the cut eval wrote no result as if it had completed
   assert 'at an eval batch: the eval ends there' in first.log()
   print(f'SIGTERM mid-eval -> exit {took:.2f} s, stopped before eval batch {found["batch"]}')
@@ -108,24 +117,11 @@ def test_sigterm_mid_eval_then_with_the_input_blocked_then_the_rerun_trains_on(j
   assert re.search(r'The main thread has been in input for [\d.]+ s and reached no agreement point', stuck.log())
   print(f'SIGTERM with the train input blocked -> exit {took:.2f} s (step 119 saved from another thread)')
 
-  again = _job(jobs, process.ours_argv(EVAL, job_dir), tmp_path / 'run3.log')
-  assert again.wait(180) == 0, again.log()[-3000:]
+  _, took, found = _cut_short(jobs, DECODE, job_dir, '--decode_during_train', tmp_path / 'run3.log', 'decode',
+                              r'Finished decoding input batch 3 for', 150, DECODE_SLEEP_S=PACED)
   start = _run_events(job_dir)[0]
   assert (start['restored_step'], start['restored_from']) == (119, 'bucket')
-  assert max(checkpoint_steps(job_dir)[0]) == 150
-
-
-def test_sigterm_mid_decode_saves_the_trained_step(jobs, tmp_path):
-  """The same during a decode program (`--decode_during_train`, 4,000 paced batches at step 100): the decode
-  ends at the next batch, no decoder outputs are written for step 100, step 100 commits, exit 143."""
-  job_dir = str(tmp_path / 'job')
-  job = _job(jobs, process.ours_argv(DECODE, job_dir, '--decode_during_train', GRACE), tmp_path / 'run.log',
-             DECODE_SLEEP_S=PACED)
-  sent = _sigterm_after(job, r'Finished decoding input batch 3 for')
-  took = _exits_143_inside_the_budget(job, sent)
-  found = _preempted_during(job_dir, step=100, during='decode', agreed_during='decode')
-  assert found['batch'] > 3, found
-  assert not list((tmp_path / 'job' / 'decoder_out').glob('*/decoder_out_100*'))
+  assert not list((tmp_path / 'job' / 'decoder_out').glob('*/decoder_out_150*'))
   print(f'SIGTERM mid-decode -> exit {took:.2f} s, stopped before decode batch {found["batch"]}')
 
 
