@@ -2,8 +2,11 @@
 
 import os
 import re
+import shlex
+import subprocess
 
 from pax_autockpt.tools import demo
+from pax_autockpt.tools import process
 
 README = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'README.md')
 # Where the demo prints the job's report (`pax-autockpt report`'s text, tested in test_report.py), the
@@ -74,3 +77,17 @@ def test_a_changed_label_is_caught():
   assert [_shape(line) for line in relabelled] != rendered
   assert [_shape(line) for line in _rendered()[:-1]] != rendered
   assert [_shape(line) for line in _rendered(ok=False)] != rendered
+
+
+def test_the_command_the_demo_prints_runs_when_pasted(tmp_path, monkeypatch):
+  """`[demo] run 1: ...` is a whole command: pasted into a shell in the clone it starts this interpreter (the
+  venv's python, with paxml), not `-m ...` (bash: -m: command not found). Run here with --help appended (our
+  main answers it before importing paxml)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  monkeypatch.chdir(root)
+  line = demo.pasteable(process.ours_argv(process.TINY_EXP, os.path.join(root, 'demo_run', 'x y', 'job')))
+  words = shlex.split(line)
+  assert not os.path.isabs(words[0]) and words[1:3] == ['-m', 'pax_autockpt.main']
+  assert "--job_log_dir='demo_run/x y/job'" in line
+  done = subprocess.run(['bash', '-c', f'{line} --help'], capture_output=True, text=True, timeout=60, cwd=root)
+  assert done.returncode == 0 and '--autockpt_grace_secs' in done.stdout, done.stderr[-2000:]

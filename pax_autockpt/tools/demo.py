@@ -1,6 +1,7 @@
 """`pax-autockpt demo`: train, SIGTERM, on-demand checkpoint, exit, restart, resume; then a summary."""
 
 import os
+import shlex
 import signal
 import sys
 import time
@@ -42,6 +43,17 @@ def summary_lines(*, on_demand: int | None, sigterm_at_s: float, code1: int, exi
   ]
 
 
+def pasteable(argv: list[str]) -> str:
+  """A training command as a shell runs it when pasted in the current directory: this interpreter (the venv's
+  `python`, which has paxml) and paths in their shortest pasteable form, quoted where needed."""
+  words = [environment.command(os.path.basename(argv[0]))]
+  for word in argv[1:]:
+    flag, eq, value = word.partition('=')
+    words.append(f'{flag}={shlex.quote(environment.shell_path(value))}' if eq and os.path.isabs(value)
+                 else shlex.quote(word))
+  return ' '.join(words)
+
+
 def result_line(ok: bool) -> str:
   """The demo's last line, after the job's report."""
   return _row('result', 'resumed from the on-demand step' if ok else 'FAILED')
@@ -54,7 +66,7 @@ def run(workdir: str | None = None, *, train_secs: float = 3.0) -> int:
   os.makedirs(workdir, exist_ok=True)
   argv = process.ours_argv(process.TINY_EXP, job_log_dir)
   _say(f'job dir {job_log_dir}; logs in {workdir}/run*.log')
-  _say('run 1: ' + ' '.join(argv[1:]))
+  _say(f'run 1: {pasteable(argv)}')
 
   first = process.Job(argv, os.path.join(workdir, 'run1.log'))
   try:
