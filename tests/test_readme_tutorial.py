@@ -55,3 +55,17 @@ def test_the_readme_cpu_tutorial_runs_as_written(tmp_path):
   assert 'restarts: 2 (restored steps: none, ' in text and (tmp_path / 'timeline.png').stat().st_size > 0
   assert re.search(r'^step 800: ok \(', text, re.M) and 'DAMAGED' not in text, text[-3000:]
   assert re.search(r'^step 800: identical to .*uninterrupted', text, re.M), text[-3000:]
+
+
+def test_a_mistyped_tutorial_command_is_not_waited_for_in_silence(tmp_path):
+  """The tutorial's first two lines with a typo in a flag: the run exits 2 at once, and the `status` line after
+  it returns within seconds (its --pid is gone), exit 1, naming the process, instead of waiting its timeout."""
+  first = [line for line in tutorial_script().splitlines() if line.startswith('python -m pax_autockpt.main')][0]
+  wait = [line for line in tutorial_script().splitlines() if '--wait_for_checkpoint 200' in line][0]
+  mistyped = first.replace('--job_log_dir=', '--autockpt_grace_sec=30 --job_log_dir=', 1)
+  script = (f'source .venv/bin/activate; EXP={process.TINY_EXP}; TRY={tmp_path}\n{mistyped}\n{wait.split("#")[0]}\n'
+            'echo "status: exit $?"; wait $!; echo "run: exit $?"')
+  out = subprocess.run(['bash', '-c', script], cwd=ROOT, env=user_env(), capture_output=True, text=True, timeout=120,
+                       check=False)
+  assert out.stdout.splitlines()[-2:] == ['status: exit 1', 'run: exit 2'], out.stdout + out.stderr
+  assert re.search(r'status: error: process \d+ is gone \(no run in this job directory', out.stderr), out.stderr

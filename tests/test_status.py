@@ -1,11 +1,15 @@
 """`pax-autockpt status`: two lines from the checkpoint listing and host 0's events."""
 
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
 
 from pax_autockpt import events as events_lib
 from pax_autockpt import layout
+from pax_autockpt.tools import process
 from pax_autockpt.tools import status
 from tests import fakes
 
@@ -127,3 +131,31 @@ def test_local_saves_failing_since_the_newest_local_commit_are_a_line_until_one_
   assert 'saves failing' not in capsys.readouterr().out
   _run(job, ('start', {'restored_step': None}), ('local_save_failed', {'step': 5, 'error': error, 'failures': 2}))
   assert status.failing_line(events_lib.read(job, 0)).startswith('local tier: saves failing on host 0: 2 not ')
+
+
+def test_wait_for_checkpoint_with_the_runs_pid_returns_once_it_is_gone_naming_how_it_ended(tmp_path, capsys):
+  """The tutorial's `status --wait_for_checkpoint 200 --pid $!` after a mistyped command: the run exited at once
+  (here: an exited child not yet waited for, as a shell's background job is), and status says so at once
+  instead of waiting its whole timeout."""
+  job = str(tmp_path / 'job')
+  child = subprocess.Popen([sys.executable, '-c', 'pass'])
+  process.wait_until(lambda: not status.running(child.pid), 'the child to exit', 30)
+  assert status.run(job, wait_for=200, timeout_secs=60, pid=child.pid) == 1
+  assert capsys.readouterr().err == (
+      f'status: error: process {child.pid} is gone (no run in this job directory: it stopped before writing one; '
+      '`wait $!` gives its exit code (bad input: 2)) and no checkpoint of step 200 or later was committed\n')
+  _run(job, ('start', {'restored_step': None}))  # a run killed without an exit event
+  assert status.run(job, wait_for=200, timeout_secs=60, pid=child.pid) == 1
+  assert 'its newest run has no exit event: killed' in capsys.readouterr().err
+  child.wait()
+  assert status.running(os.getpid())
+
+
+def test_wait_for_checkpoint_without_a_pid_says_what_it_waits_for(tmp_path, capsys, monkeypatch):
+  monkeypatch.setattr(status, 'PROGRESS_SECS', 0.1)
+  job = str(tmp_path / 'job')
+  assert status.run(job, wait_for=200, timeout_secs=1.2) == 1
+  lines = capsys.readouterr().err.splitlines()
+  assert lines[0].startswith('status: waiting ') and lines[0].endswith(
+      's for a checkpoint of step 200 or later: no run has started in this job directory yet')
+  assert lines[-1].startswith('status: error: no checkpoint of step 200 or later committed within 1.2 s')

@@ -27,8 +27,10 @@ def _parser() -> argparse.ArgumentParser:
   status.add_argument('job_log_dir')
   status.add_argument('--wait_for_checkpoint', type=int, default=None, metavar='STEP',
                       help='first wait until a checkpoint of STEP or later is committed (exit 1 when the run ends '
-                      'first, or after --timeout_secs)')
-  status.add_argument('--timeout_secs', type=float, default=600.0, help='with --wait_for_checkpoint (default 600)')
+                      'first, when --pid is gone, or after --timeout_secs); without --pid, a line every 30 s')
+  status.add_argument('--pid', type=int, default=None,
+                      help="with --wait_for_checkpoint: the run's process ($! in a shell); its end ends the wait")
+  status.add_argument('--timeout_secs', type=float, default=300.0, help='with --wait_for_checkpoint (default 300)')
 
   report = sub.add_parser('report', help='checkpoint timeline and figures of a job', epilog=report_legend.legend_text(),
                           formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
       return 2
   if args.command == 'status':
     from pax_autockpt.tools import status  # pylint: disable=g-import-not-at-top
-    return status.run(args.job_log_dir, args.wait_for_checkpoint, args.timeout_secs)
+    return status.run(args.job_log_dir, args.wait_for_checkpoint, args.timeout_secs, args.pid)
   if args.command == 'report':
     from pax_autockpt.tools import report  # pylint: disable=g-import-not-at-top  (matplotlib)
     return report.run(args.job_log_dir, mtbf_hours=args.mtbf_hours, plot_path=args.plot,

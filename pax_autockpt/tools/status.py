@@ -5,9 +5,12 @@ disk or gs://; reads only the checkpoint listing and host 0's event log, so it a
 
 `--wait_for_checkpoint STEP` first waits until a checkpoint of STEP or later is committed (a script's
 "let it train a while, then preempt it"): exit 1 with one line when the job's run ends first, or on timeout.
+Never in silence: with `--pid` (the run's process, `$!` in a shell) it returns as soon as that process is gone,
+naming how it ended; without, it says every 30 s what it waits for and what it sees.
 """
 
 import datetime
+import os
 import sys
 import time
 
@@ -16,6 +19,8 @@ from etils import epath
 from pax_autockpt import events as events_lib
 from pax_autockpt import layout
 
+DEFAULT_WAIT_SECS = 300.0  # --timeout_secs: the tutorial's checkpoints come within a minute
+PROGRESS_SECS = 30.0  # without --pid, a line this often while waiting
 _ENDINGS = {0: 'finished', 1: 'failed', 2: 'stopped on bad configuration', 130: 'stopped by Ctrl-C'}
 
 
@@ -90,26 +95,72 @@ def failing_line(evs: list[dict]) -> str | None:
           f'{_when(newest["t"])}, the newest (step {newest.get("step")}): {newest.get("error")}')
 
 
-def wait_for_checkpoint(job_log_dir: str, step: int, timeout_secs: float, poll_secs: float = 0.5) -> str | None:
-  """Returns once a checkpoint of `step` or later is committed (None), or why it will not be."""
-  began = time.time()
+def wait_for_checkpoint(job_log_dir: str, step: int, timeout_secs: float, poll_secs: float = 0.5,
+                        pid: int | None = None) -> str | None:
+  """Returns once a checkpoint of `step` or later is committed (None), or why it will not be: the run ended,
+  process `pid` is gone, or the timeout."""
+  began = said = time.time()
   while True:
-    if epath.Path(job_log_dir).exists():
-      newest = layout.newest_committed(layout.checkpoint_dir(job_log_dir))
-      if newest is not None and newest >= step:
-        return None
-      ended = [e for e in last_run(events_lib.read(job_log_dir, 0)) if e['event'] == 'exit' and e['t'] >= began]
-      if ended:
-        return (f'the run ended (exit {ended[-1]["code"]} at step {ended[-1].get("step")}) before a checkpoint of step '
-                f'{step} or later was committed')
+    newest, evs = _newest_and_events(job_log_dir)
+    if newest is not None and newest >= step:
+      return None
+    ended = [e for e in last_run(evs) if e['event'] == 'exit' and e['t'] >= began]
+    if ended:
+      return (f'the run ended (exit {ended[-1]["code"]} at step {ended[-1].get("step")}) before a checkpoint of step '
+              f'{step} or later was committed')
+    if pid is not None and not running(pid):
+      return f'process {pid} is gone ({_ending(evs)}) and no checkpoint of step {step} or later was committed'
     if time.time() - began > timeout_secs:
       return f'no checkpoint of step {step} or later committed within {timeout_secs:g} s (--timeout_secs)'
+    if pid is None and time.time() - said >= PROGRESS_SECS:
+      said = time.time()
+      print(f'status: waiting {said - began:.0f} s for a checkpoint of step {step} or later: {_seen(newest, evs)}',
+            file=sys.stderr, flush=True)
     time.sleep(poll_secs)
 
 
-def run(job_log_dir: str, wait_for: int | None = None, timeout_secs: float = 600.0) -> int:
+def _newest_and_events(job_log_dir: str) -> tuple[int | None, list[dict]]:
+  if not epath.Path(job_log_dir).exists():
+    return None, []
+  return layout.newest_committed(layout.checkpoint_dir(job_log_dir)), events_lib.read(job_log_dir, 0)
+
+
+def running(pid: int) -> bool:
+  """Whether process `pid` still runs (a zombie, exited but not yet waited for by its shell, does not)."""
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      return f.read().rpartition(')')[2].split()[0] not in ('Z', 'X')
+  except FileNotFoundError:
+    return False
+  except OSError:  # no /proc: whether the pid exists at all
+    try:
+      os.kill(pid, 0)
+    except ProcessLookupError:
+      return False
+    return True
+
+
+def _ending(evs: list[dict]) -> str:
+  """How the newest run in the event log ended, in a few words."""
+  run = last_run(evs)
+  exits = [e for e in run if e['event'] == 'exit']
+  if exits:
+    return f'its newest run exited {exits[-1]["code"]} at step {exits[-1].get("step")}'
+  if run:
+    return 'its newest run has no exit event: killed (a SIGKILL, an OOM) or still ending'
+  return 'no run in this job directory: it stopped before writing one; `wait $!` gives its exit code (bad input: 2)'
+
+
+def _seen(newest: int | None, evs: list[dict]) -> str:
+  if not evs and newest is None:
+    return 'no run has started in this job directory yet'
+  return f'newest committed checkpoint {layout.step_text(newest)}'
+
+
+def run(job_log_dir: str, wait_for: int | None = None, timeout_secs: float = DEFAULT_WAIT_SECS,
+        pid: int | None = None) -> int:
   if wait_for is not None:
-    why = wait_for_checkpoint(job_log_dir, wait_for, timeout_secs)
+    why = wait_for_checkpoint(job_log_dir, wait_for, timeout_secs, pid=pid)
     if why:
       print(f'status: error: {why}', file=sys.stderr)
       return 1
