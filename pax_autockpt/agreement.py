@@ -10,17 +10,30 @@ thousand hosts, every step. So the answer is exchanged once every `decision_inte
 step up to 64 hosts (unchanged), then at most ~64 reads per step on average. The primary still asks the
 policy every step; a save it asks for between exchanges is kept and taken at the next exchange, on every
 host (at most interval - 1 steps later).
+
+The restore's waits (`reports`: the local tier's plan and fill, each phase of the restore's agreement) count
+from the last sign of progress, not from the first arrival: a host that reads or transfers for an hour keeps
+every other host waiting (`working`, `moved`); one that shows none for STALL_SECS ends the wait on every host
+with one agreed line (`Timeout`), never a traceback.
 """
 
+import contextlib
 import math
-from typing import Callable
+import threading
+import time
+from typing import Any, Callable
 
+from absl import logging
 import jax
 from jax._src import distributed
 
 _PREFIX = 'autockpt/decision/'
 _TIMEOUT_MS = 10 * 60 * 1000  # a peer stuck for 10 minutes is dead: fail rather than hang
 READS_PER_STEP = 64  # the coordinator serves at most about this many decision reads per step
+STALL_SECS = 10 * 60  # a restore-time wait ends once no host it waits for has shown progress for this long
+BEAT_SECS = 5.0  # a working host publishes its progress at most this often (and not at all for shorter work)
+_SETTLE_MS = 60 * 1000  # the outcome is set before anyone reads it: this bounds only a lost coordinator
+_moves = 0  # signs of progress this process made (`moved`)
 
 
 def decision_interval(process_count: int) -> int:
@@ -86,17 +99,131 @@ class PrimaryDecides:
     return answer
 
 
+class Timeout(Exception):
+  """A restore-time wait that some host stopped making progress toward: the same line on every host (the first
+  host to give up settles it for all), and `by`, that host."""
+
+  def __init__(self, line: str, by: int):
+    super().__init__(line)
+    self.by = by
+
+
+def moved() -> None:
+  """A sign of progress (a chunk read, hashed or received) that `working` publishes to the hosts waiting."""
+  global _moves
+  _moves += 1
+
+
+def _service() -> tuple[Any, int]:
+  """The coordination client and the number of hosts; (None, 1) with one process: nothing to wait for."""
+  client = distributed.global_state.client
+  return (client, jax.process_count()) if client is not None and jax.process_count() > 1 else (None, 1)
+
+
+@contextlib.contextmanager
+def working(key: str, host: int):
+  """While this host works toward `reports(key)` (reads, hashes, transfers), the hosts already waiting there
+  see each sign of progress (`moved`), at most every BEAT_SECS: they wait as long as it moves, with no guess
+  of a disk's or a network's rate. Work shorter than BEAT_SECS publishes nothing."""
+  client, _ = _service()
+  if client is None:
+    yield
+    return
+  done = threading.Event()
+  beat = threading.Thread(target=_beat, args=(client, f'{key}/progress/{host}/', done), daemon=True)
+  beat.start()
+  try:
+    yield
+  finally:
+    done.set()
+    beat.join()
+
+
+def _beat(client: Any, prefix: str, done: threading.Event) -> None:
+  """Publishes a new key under `prefix` whenever `_moves` changed (a key is set once), deleting the last."""
+  seen, n = _moves, 0
+  while not done.wait(BEAT_SECS):
+    if _moves == seen:
+      continue
+    seen, n = _moves, n + 1
+    try:
+      client.key_value_set(f'{prefix}{n}', str(seen))
+      if n > 1:
+        _delete(client, f'{prefix}{n - 1}')
+    except Exception as e:  # pylint: disable=broad-except  (unseen progress: the others may give up sooner)
+      logging.warning('[autockpt] could not publish this host\'s progress: %s', e)
+
+
+def _delete(client: Any, key: str) -> None:
+  try:
+    client.key_value_delete(key)
+  except TypeError:
+    pass  # jaxlib 0.4.26 deletes, then cannot convert the returned absl::Status
+
+
 def reports(key: str, host: int, report: str | None) -> dict[int, str]:
   """Every host passes its own finding (or None) and gets every host's findings back (host -> text),
   the same on every host. For the main thread (before training, or at a step every host saves): it
-  meets the other hosts at a barrier of the coordination service, never a device collective. Each
-  `key` is used once."""
-  client = distributed.global_state.client
-  if client is None or jax.process_count() == 1:
+  meets the other hosts through the coordination service's key-value store, never a device collective. Each
+  `key` is used once. The wait lasts while some host not yet there shows progress (`working`); once none
+  has for STALL_SECS, every host raises the same `Timeout` (the first to give up settles it), even one that
+  arrives later. No host waits longer than the last report takes to arrive."""
+  client, hosts = _service()
+  if client is None:
     return {host: report} if report else {}
   client.key_value_set(f'{key}/host/{host}', report or '')
-  client.wait_at_barrier(f'{key}/barrier', _TIMEOUT_MS)
-  return {int(k.rsplit('/', 1)[-1]): v for k, v in client.key_value_dir_get(f'{key}/host/') if v}
+  found, why = _gather(client, key, hosts)
+  kind, by, line = _settle(client, key, 'ok||' if why is None else f'timeout|{host}|{why}').split('|', 2)
+  if kind != 'ok':
+    raise Timeout(line, int(by))
+  found = _listing(client, key) if found is None else found  # another host saw every report first
+  return {h: v for h, v in found.items() if v}
+
+
+def _gather(client: Any, key: str, hosts: int) -> tuple[dict[int, str] | None, str | None]:
+  """Every host's report, each awaited in slices while any host shows progress; (None, why) once none has
+  for STALL_SECS. A report already there costs no wait."""
+  found = _listing(client, key)
+  progress, still = _progress(client, key), time.monotonic()
+  for h in range(hosts):
+    while h not in found:
+      try:
+        found[h] = client.blocking_key_value_get(f'{key}/host/{h}', max(10, int(_slice_secs() * 1000)))
+      except Exception as e:  # pylint: disable=broad-except
+        if 'DEADLINE_EXCEEDED' not in str(e):
+          raise
+        now = _progress(client, key)
+        if now != progress:
+          progress, still = now, time.monotonic()
+        elif time.monotonic() - still >= STALL_SECS:
+          missing = sorted(set(range(hosts)) - _listing(client, key).keys())
+          if missing:  # else the last report came meanwhile: the next get returns it
+            return None, (f'host(s) {", ".join(map(str, missing))} made no progress for {STALL_SECS:g} s while the '
+                          f'others waited at {key}')
+  return found, None
+
+
+def _slice_secs() -> float:
+  """How long one wait for a report lasts before the waiting host looks at its peers' progress."""
+  return min(2 * BEAT_SECS, STALL_SECS / 4)
+
+
+def _listing(client: Any, key: str) -> dict[int, str]:
+  return {int(k.rsplit('/', 1)[-1]): v for k, v in client.key_value_dir_get(f'{key}/host/')}
+
+
+def _progress(client: Any, key: str) -> frozenset:
+  return frozenset(client.key_value_dir_get(f'{key}/progress/'))
+
+
+def _settle(client: Any, key: str, mine: str) -> str:
+  """The first outcome any host set at `key` ('ok', or a timeout and its line), the same on every host: a key
+  is set once, so a later host's set fails and it reads the first."""
+  try:
+    client.key_value_set(f'{key}/outcome', mine)
+  except Exception:  # pylint: disable=broad-except  (ALREADY_EXISTS: another host settled it first)
+    pass
+  return client.blocking_key_value_get(f'{key}/outcome', _SETTLE_MS)
 
 
 def first_report(key: str, host: int, report: str | None) -> str | None:

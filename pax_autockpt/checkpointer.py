@@ -110,20 +110,20 @@ class AutockptCheckpointer:
     self._local, local, self._lineage, job = None, None, None, ''
     if settings.local_dir:
       job, local = self._local_tier(settings, events, slices)
+    self._saves = lineage_lib.committed_saves(past)  # step -> the ids of its commits (save_committed events)
     self._restorer = restore_lib.Restorer(inner, events=events, checksums=settings.checksums,
                                           retry_secs=settings.restore_retry_secs,
                                           set_aside=self._forget_unrestorable,
                                           restart_input=settings.input_on_host_change == 'restart', local=local,
-                                          local_job=job, ever_committed=frozenset(
-                                              e['step'] for e in past if e['event'] == 'save_committed'
-                                              and isinstance(e.get('step'), int)))
+                                          local_job=job, ever_committed=frozenset(self._saves), saves=self._saves)
     self._exit = exit_path.ExitPath(
         events=events, preemption=self._preemption, background=self._background, costs=self._costs,
         saving=self._saving, exit_after_ondemand=exit_after_ondemand_checkpoint, grace_secs=settings.grace_secs,
         exit_code=settings.exit_code, notice_action=settings.notice_action, save=self._save, step_dir=self._step_dir,
         latest_step=self._latest_step, newest_committed=self.newest_committed,
         committed_this_run=self.committed_this_run, restored_step=lambda: self._inner.step_to_restore,
-        last_step=lambda: self.last_step, restorer=self._restorer, phases=self.phases)
+        last_step=lambda: self.last_step, restorer=self._restorer, phases=self.phases,
+        preserve=self._preserve if self._preservation is not None and events.host == 0 else None)
     signals.on_first_signal(self._exit.signal_arrived)
     self._notice_action = settings.notice_action
     if end is not None and exit_after_ondemand_checkpoint and jax.process_count() == 1:
@@ -169,8 +169,10 @@ class AutockptCheckpointer:
       if self._restorer.restored_from == 'local':
         self._lineage.restored(step, self._restorer.local_lineage)
         self._local.restored(step)
+      elif self._restorer.restored_from == 'bucket':
+        self._lineage.restored(step, save=self._saves.get(step, (None,))[-1])  # the save its commit event names
       else:
-        self._lineage.restored(step if self._restorer.restored_from == 'bucket' else None)
+        self._lineage.restored(None)
     return restored
 
   def _newest_known(self) -> int | None:
@@ -370,22 +372,26 @@ class AutockptCheckpointer:
       self._forget(step)
       return
     blocking, nbytes = time.time() - start, self._background.captured_bytes
+    save = None  # this save's id (in its events and in local steps' lineage): with the local tier, which needs it
     if self._lineage is not None:
-      self._lineage.save_started(step)
+      save = self._lineage.save_id(step)
+      self._lineage.save_started(step, save)
     self._background.launch(
-        started=lambda s: self._started(s, reason, start, blocking, start - before),
+        started=lambda s: self._started(s, reason, start, blocking, start - before, save),
         done=lambda s, error: self._done(s, start, error, dict(reason=reason, blocking=blocking, metrics=metrics,
-                                                                 nbytes=nbytes)))
+                                                                 nbytes=nbytes, save=save)))
 
-  def _started(self, step: int, reason: str, start: float, blocking: float, waited: float) -> None:
+  def _started(self, step: int, reason: str, start: float, blocking: float, waited: float,
+               save: str | None = None) -> None:
     """In the background thread, first: the event and scalar that say a save began (with the adaptive
-    interval that let a continuous save start, for `report`)."""
+    interval that let a continuous save start, for `report`, and the save's id)."""
     adaptive = {}
     interval = self._adaptive_interval() if reason == 'continuous' else None
     if interval is not None:
       adaptive = dict(interval_s=round(interval, 6), mtbf_hours=self._adaptive.mtbf_hours)
     self._events.write('save_started', t=start, step=step, reason=reason, blocking_s=round(blocking, 6),
-                       wait_s=round(waited, 6), nice=background_save.thread_nice(), **adaptive)
+                       wait_s=round(waited, 6), nice=background_save.thread_nice(), **adaptive,
+                       **({'id': save} if save else {}))
     self._summaries.started(step, start, blocking)
     logging.info('[autockpt] %s save of step %d started (loop blocked %.3f s).', reason, step, blocking)
 
@@ -423,11 +429,13 @@ class AutockptCheckpointer:
       raise OSError(error)
     self._unrestorable.discard(step)
 
-  def _committed(self, step: int, start: float, reason: str, blocking: float, metrics: Any, nbytes: int) -> None:
+  def _committed(self, step: int, start: float, reason: str, blocking: float, metrics: Any, nbytes: int,
+                 save: str | None = None) -> None:
     duration = time.time() - start
     values = self._read_metrics(step, metrics)
     self._events.write('save_committed', step=step, duration_s=round(duration, 6), bytes=nbytes,
-                       **({'metrics': values} if values else {}), **({'manifest': True} if self._checksums else {}))
+                       **({'metrics': values} if values else {}), **({'manifest': True} if self._checksums else {}),
+                       **({'id': save} if save else {}))
     self.committed_this_run.append(step)
     if self._lineage is not None:
       self._lineage.save_committed(step)

@@ -42,11 +42,13 @@ class ExitPath:
                save: Callable[..., None], step_dir: Callable[[int], Any], latest_step: Callable[[], int | None],
                newest_committed: Callable[[], int | None], committed_this_run: list[int],
                restored_step: Callable[[], int | None], last_step: Callable[[], int | None],
-               restorer: Any, phases: phases_lib.LoopPhases | None = None):
+               restorer: Any, phases: phases_lib.LoopPhases | None = None,
+               preserve: Callable[[], None] | None = None):
     """`save(step, reason, state, last=, deadline=)` starts a save (the checkpointer's); `committed_this_run`
     is the checkpointer's own list (appended to as saves commit); `restorer` tells whether the restored state
     is a local step the job directory lacks (`unbacked_step`, `local_agreed_newest`); `phases`, where the loop's
-    main thread is (pax_autockpt.phases): the phase a signal found goes into the `preemption` event."""
+    main thread is (pax_autockpt.phases): the phase a signal found goes into the `preemption` event; `preserve`
+    (the primary host's, with a preservation policy): the policy's deletes, run once more before the exit."""
     self._events, self._preemption, self._background, self._costs = events, preemption, background, costs
     self._saving, self._exit_after_ondemand = saving, exit_after_ondemand
     self._grace_secs, self._exit_code, self._notice_action = grace_secs, exit_code, notice_action
@@ -57,6 +59,7 @@ class ExitPath:
     self._watchdog = grace.Watchdog(self._out_of_time)
     self._exit_step: int | None = None  # the step whose commit the exit path waits for
     self._phases = phases or phases_lib.LoopPhases()
+    self._preserve = preserve
     self._found: phases_lib.Place | None = None  # where the signal found the main thread, on this host
     self._owner_lock = threading.Lock()
     self._owner: int | None = None  # the thread that took the exit (the main thread's, or pax_autockpt.rescue's)
@@ -230,9 +233,25 @@ class ExitPath:
       why = 'did not commit within the grace period' if not finished else 'failed to commit'
       raise outcomes.SaveFailed(agreed, f'On-demand checkpoint of step {step} {why}; the newest committed '
                                 f'checkpoint is {layout.step_text(self._newest_committed())}')
+    self._preserve_before_exit(deadline)
     what = (f'On-demand checkpoint of step {step} committed' if step == agreed else
             f'Checkpoint of step {step} committed (no time to save step {agreed} as well)')
     raise outcomes.Preempted(agreed, what, signal=self._preemption.signal_name)
+
+  def _preserve_before_exit(self, deadline: grace.Deadline | None) -> None:
+    """The preservation policy once more, after the exit's commit: after the signal every commit skipped it, so
+    the job directory the exit leaves would hold more than the policy allows. Bounded by the grace period (else
+    PRESERVE_SECS): when it does not finish, one line says so and the next run's first commit does it."""
+    if self._preserve is None:
+      return
+    left = grace.time_left(deadline)
+    worker = threading.Thread(target=self._preserve, name='autockpt-exit-preservation', daemon=True)
+    worker.start()
+    worker.join(PRESERVE_SECS if left is None else left)
+    if worker.is_alive():
+      logging.warning('[autockpt] The preservation policy\'s deletes did not finish before the exit (%s): the job '
+                      'directory may hold more checkpoints than it allows until the next run\'s first commit.',
+                      'no time left in the grace period' if left is not None else f'{PRESERVE_SECS:g} s')
 
   def _out_of_time(self, deadline: grace.Deadline) -> None:
     """The watchdog, `grace.WATCHDOG_LEAD_SECS` before the deadline, with the process still alive (a wait
@@ -268,6 +287,7 @@ class ExitPath:
             f'{time.time() - place.since:.0f} s and never came back to an agreement point')
 
 
+PRESERVE_SECS = 60.0  # the preservation before an exit without a grace period (Ctrl-C, a notice)
 _PHASE_WORDS = {phases_lib.EVAL: 'at an eval batch: the eval ends there, its metrics unwritten',
                 phases_lib.DECODE: 'at a decode batch: the decode ends there, its outputs unwritten',
                 'rescue': 'saved from another thread: the main thread was held elsewhere'}

@@ -1,24 +1,32 @@
 """Which job and which line of training a local-tier step belongs to, and whether a restart may restore it.
 
 A local step is a copy on a disk the job directory knows nothing about: the same local directory can hold
-another job's steps (a sweep, a fine-tune on the same VM), or steps of this job that a rollback (deleting
-the newest checkpoints to train again from an older one) left behind. A step number says none of that. So
-every local step records, in its digest-covered index:
-- `job`: the job directory's identity, a random id written once into `JOB_LOG_DIR/autockpt/job_id` (a job
-  directory deleted and made again is a new job; its path is not its identity);
+another job's steps (a sweep, a fine-tune on the same VM, a fork trained on from a copy of the job directory),
+or steps of this job that a rollback (deleting the newest checkpoints to train again from an older one) left
+behind. A step number says none of that: a rollback retrains to the same numbers. So every local step records,
+in its digest-covered index:
+- `job`: the job's identity for the local tier, the random id written once into `JOB_LOG_DIR/autockpt/job_id`
+  bound to where that job directory lives (`identify`): a job directory deleted and made again, copied or
+  moved is a new job, since the local tier is a cache of one job directory;
 - `run`: the run that wrote it (one id for all hosts of a run), so that every host's copy of a step can be
   checked to be the same save;
 - `base`: the newest job-directory checkpoint this run knew committed when the step's state was captured
-  (the one it grew from), and `started`: this run's job-directory saves begun after that one, up to the step.
+  (the one it grew from), and `started`: this run's job-directory saves begun after that one, up to the step;
+- `base_id` and `started_ids`: the ids of those saves (`save_id`: each save's own, in its `save_started` and
+  `save_committed` events), where known. A checkpoint retrained to the same number is another save.
 
 A restart offers a local step only when `refusal` finds nothing wrong: the same job; its base, and any save it
 started that the event log says committed, still in the job directory (committed, or set aside as damaged:
-the state grew from it before the damage), else it was rolled back; and the job directory's newest checkpoint
-at or below the step one it grew from. Pure, fed
-what the restart listed.
+the state grew from it before the damage), else it was rolled back, unless a newer save it saw start is
+committed there (its base removed by preservation or max_to_keep is no rollback); each of them the same save
+as the job directory's checkpoint of that number (the newest `save_committed` event of it carries its id); and
+the job directory's newest checkpoint at or below the step one it grew from. Indexes written before ids
+(none recorded) are judged by step numbers alone. Pure, fed what the restart listed.
 """
 
 import dataclasses
+import hashlib
+import os
 import threading
 from typing import Any
 import uuid
@@ -31,52 +39,111 @@ from pax_autockpt import layout
 
 @dataclasses.dataclass(frozen=True)
 class Lineage:
-  """What a local step grew from (see the module docstring)."""
+  """What a local step grew from (see the module docstring). `started_ids` is parallel to `started` (shorter,
+  or None entries, where an id is not known: an index written before ids)."""
 
   job: str
   run: str
   base: int | None
   started: tuple[int, ...] = ()
+  base_id: str | None = None
+  started_ids: tuple[str | None, ...] = ()
 
   def to_json(self) -> dict[str, Any]:
-    return {'job': self.job, 'run': self.run, 'base': self.base, 'started': list(self.started)}
+    return {'job': self.job, 'run': self.run, 'base': self.base, 'started': list(self.started),
+            'base_id': self.base_id, 'started_ids': list(self.started_ids)}
 
   @classmethod
   def from_json(cls, found: Any) -> 'Lineage':
-    """ValueError for anything that is not a lineage as `to_json` writes it."""
+    """ValueError for anything that is not a lineage as `to_json` writes it (with or without the ids)."""
     if not isinstance(found, dict):
       raise ValueError('no lineage (written before local steps recorded their job)')
     job, run, base, started = found.get('job'), found.get('run'), found.get('base'), found.get('started')
+    base_id, started_ids = found.get('base_id'), found.get('started_ids', [])
     if not (isinstance(job, str) and isinstance(run, str) and (base is None or isinstance(base, int))
-            and isinstance(started, list) and all(isinstance(s, int) for s in started)):
+            and isinstance(started, list) and all(isinstance(s, int) for s in started)
+            and (base_id is None or isinstance(base_id, str)) and isinstance(started_ids, list)
+            and len(started_ids) <= len(started) and all(i is None or isinstance(i, str) for i in started_ids)):
       raise ValueError(f'lineage {found!r} is malformed')
-    return cls(job, run, base, tuple(started))
+    return cls(job, run, base, tuple(started), base_id, tuple(started_ids))
 
   @property
   def token(self) -> str:
     """Equal on every host's copy of one save."""
     return f'{self.job}/{self.run}'
 
+  def saves(self) -> list[tuple[int, str | None, bool]]:
+    """(step, save id or None, whether it is the base) of the base and of every save it saw start."""
+    ids = (*self.started_ids, *[None] * (len(self.started) - len(self.started_ids)))
+    base = [(self.base, self.base_id, True)] if self.base is not None else []
+    return base + [(s, i, False) for s, i in zip(self.started, ids)]
+
+
+def save_id(run: str, step: int) -> str:
+  """The id of this run's save of `step`: the same on every host without a message (the run's id is agreed
+  at the start, and a run saves the state of one step once: a retrained step is another run's), and never
+  another run's."""
+  return f'{run[:16]}-{step}'
+
+
+def committed_saves(events: list[dict[str, Any]]) -> dict[int, tuple[str | None, ...]]:
+  """Step -> the `id` of each of its `save_committed` events in an event log, oldest first (None where an
+  event has none: written before save ids)."""
+  saves: dict[int, tuple[str | None, ...]] = {}
+  for e in events:
+    if e.get('event') == 'save_committed' and isinstance(e.get('step'), int):
+      saves[e['step']] = (*saves.get(e['step'], ()), e['id'] if isinstance(e.get('id'), str) else None)
+  return saves
+
 
 def refusal(lineage: Lineage, step: int, *, job: str, committed: list[int], set_aside: list[int],
-            ever_committed: frozenset[int] = frozenset()) -> str | None:
+            ever_committed: frozenset[int] = frozenset(),
+            saves: dict[int, tuple[str | None, ...]] | None = None) -> str | None:
   """Why local `step` may not restore into job `job` whose job directory holds `committed` (and damaged
-  `set_aside` checkpoints), or None; `ever_committed`: the steps this job's event log says a save committed
-  (a save still in flight when the step was captured, committed and since deleted, is a rollback too). Each
-  reason reads after "local step N is not offered: "."""
+  `set_aside` checkpoints), or None. `saves` (`committed_saves` of this job's event log; `ever_committed`: the
+  same steps, without ids): a save still in flight when the step was captured, committed and since deleted, is
+  a rollback too, and a checkpoint whose newest commit carries another id than the step's is another save.
+  Each reason reads after "local step N is not offered: "."""
   if lineage.job != job:
     return f'written by another job (job id {lineage.job}, this job is {job})'
+  saves = {**{s: () for s in ever_committed}, **(saves or {})}  # (): committed, by saves of unknown ids
+  grown = [(s, i, base) for s, i, base in lineage.saves() if s <= step and (base or _committed(s, i, saves))]
   there = set(committed) | set(set_aside)
-  gone = [s for s in (lineage.base, *(s for s in lineage.started if s in ever_committed)) if s is not None
-          and s <= step and s not in there]
+  other = [(s, i) for s, i, _ in grown if s in there and not _same(s, i, saves)]
+  if other:
+    s, i = other[-1]
+    return (f'it grew from checkpoint {s} of another save (id {i}), the job directory\'s {s} is a later save: '
+            'restoring it would undo the rollback')
+  # A save it saw start, of a known id, committed and there (the same save): what it grew from before that
+  # save may be gone (preservation, max_to_keep), not rolled back.
+  anchor = max((s for s, i, base in grown if not base and i is not None and s in committed), default=None)
+  gone = [s for s, _, _ in grown if s not in there and (anchor is None or s > anchor)]
   if gone:
     return (f'it grew from checkpoint {max(gone)}, which is no longer in the job directory (rolled back): '
             'restoring it would undo the rollback')
+  return _newest_problem(lineage, step, committed, saves)
+
+
+def _committed(step: int, save: str | None, saves: dict[int, tuple[str | None, ...]]) -> bool:
+  """Whether the log says this save committed (by its id where both know it, else by its step)."""
+  return step in saves and (save is None or not saves[step] or save in saves[step])
+
+
+def _same(step: int, save: str | None, saves: dict[int, tuple[str | None, ...]]) -> bool:
+  """Whether the newest commit of `step` is the save `save` (True where either id is not known)."""
+  return save is None or (saves.get(step) or (save,))[-1] == save
+
+
+def _newest_problem(lineage: Lineage, step: int, committed: list[int],
+                    saves: dict[int, tuple[str | None, ...]]) -> str | None:
+  """Why the job directory's newest checkpoint at or below `step` is not one the step grew from, or None."""
   below = [s for s in committed if s <= step]
   newest = below[-1] if below else None
-  if newest is not None and newest not in lineage.started and (lineage.base is None or newest > lineage.base):
-    return f'the job directory\'s checkpoint {newest} is not one it grew from'
-  return None
+  if newest is None or (lineage.base is not None and newest <= lineage.base):
+    return None  # the base itself (the same save: checked before) or older
+  if any(s == newest and _same(s, i, saves) for s, i, base in lineage.saves() if not base):
+    return None
+  return f'the job directory\'s checkpoint {newest} is not one it grew from'
 
 
 class Tracker:
@@ -85,47 +152,71 @@ class Tracker:
 
   def __init__(self, job: str, run: str):
     self._job, self._run = job, run
-    self._base: int | None = None
-    self._started: list[int] = []
+    self._base: tuple[int, str | None] | None = None
+    self._started: list[tuple[int, str | None]] = []
     self._lock = threading.Lock()
 
-  def restored(self, step: int | None, grew_from: Lineage | None = None) -> None:
-    """The state this run starts from: job-directory checkpoint `step` (None: fresh), or a local step that
-    `grew_from` that lineage."""
-    with self._lock:
-      self._base = grew_from.base if grew_from is not None else step
-      self._started = list(grew_from.started) if grew_from is not None else []
+  @property
+  def token(self) -> str:
+    """The lineage token of this run's local steps (`Lineage.token`)."""
+    return f'{self._job}/{self._run}'
 
-  def save_started(self, step: int) -> None:
+  def save_id(self, step: int) -> str:
+    """The id of this run's job-directory save of `step` (`save_id`)."""
+    return save_id(self._run, step)
+
+  def restored(self, step: int | None, grew_from: Lineage | None = None, save: str | None = None) -> None:
+    """The state this run starts from: job-directory checkpoint `step` (None: fresh) of the save `save` (its
+    id, None where not known), or a local step that `grew_from` that lineage."""
     with self._lock:
-      self._started.append(step)
+      if grew_from is not None:
+        self._base = None if grew_from.base is None else (grew_from.base, grew_from.base_id)
+        self._started = [(s, i) for s, i, base in grew_from.saves() if not base]
+      else:
+        self._base, self._started = (None if step is None else (step, save)), []
+
+  def save_started(self, step: int, save: str | None = None) -> None:
+    with self._lock:
+      self._started.append((step, save))
 
   def save_committed(self, step: int) -> None:
     with self._lock:
-      if self._base is None or step > self._base:
-        self._base = step
-      self._started = [s for s in self._started if s > self._base]
+      if self._base is None or step > self._base[0]:
+        self._base = next(((s, i) for s, i in reversed(self._started) if s == step), (step, None))
+      self._started = [(s, i) for s, i in self._started if s > self._base[0]]
 
   def save_failed(self, step: int) -> None:
     with self._lock:
-      self._started = [s for s in self._started if s != step]
+      self._started = [(s, i) for s, i in self._started if s != step]
 
   def at(self, step: int) -> Lineage:
     """The lineage of a local step captured now."""
     with self._lock:
-      return Lineage(self._job, self._run, self._base, tuple(s for s in self._started if s <= step))
+      started = [(s, i) for s, i in self._started if s <= step]
+      base, base_id = self._base if self._base is not None else (None, None)
+      return Lineage(self._job, self._run, base, tuple(s for s, _ in started), base_id,
+                     tuple(i for _, i in started) if any(i is not None for _, i in started) else ())
 
 
 def identify(job_log_dir: epath.PathLike, host: int) -> tuple[str, str]:
   """(this job's id, this run's id), the same on every host: host 0 reads the job's id, or writes a new
-  one into a job directory that has none, and makes the run's; the others get both through the
-  coordination service."""
+  one into a job directory that has none, binds it to where the job directory lives (`job_identity`), and
+  makes the run's; the others get both through the coordination service."""
   mine = None
   if host == 0:
     path = layout.job_id_path(job_log_dir)
     if not path.exists():
       path.parent.mkdir(parents=True, exist_ok=True)
       path.write_text(f'{uuid.uuid4().hex}\n')
-    mine = f'{path.read_text().strip()}|{uuid.uuid4().hex}'
+    mine = f'{job_identity(path.read_text().strip(), job_log_dir)}|{uuid.uuid4().hex}'
   job, run = agreement.first_report('autockpt/lineage/ids', host, mine).split('|', 1)
   return job, run
+
+
+def job_identity(job_id: str, job_log_dir: epath.PathLike) -> str:
+  """The job's identity for the local tier: the job_id file's content, which a copy of the job directory
+  (`cp -r`, `gsutil cp -r`) carries along, bound to where the directory lives (its absolute path, or URL): a
+  copied or moved job directory is a new job, and its local steps another job's."""
+  where = os.fspath(job_log_dir)
+  where = where.rstrip('/') if layout.is_object_store(job_log_dir) else os.path.realpath(where)
+  return f'{job_id}-{hashlib.sha256(where.encode()).hexdigest()[:12]}'

@@ -41,22 +41,27 @@ _FILL_WAIT_MS = 10 * 60 * 1000
 class HostReport:
   """What one host needs (its shards' fingerprint on this mesh) and has (usable local step -> (fingerprint,
   lineage token)), and the buddy copies it keeps for a neighbour (the same); host 0's also carries the job
-  directory's newest committed step, which every host plans against."""
+  directory's newest committed step, which every host plans against. `refused`: the (step, lineage token) of
+  the local steps and buddy copies whose lineage this host refused (`lineage.refusal`): a refusal on any host
+  is one on every host (`choose`), as each host judges from its own event log and listing."""
 
   needs: str
   has: dict[int, tuple[str, str]]
   bucket: int | None = None
   buddy: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
+  refused: tuple[tuple[int, str], ...] = ()
 
   def encode(self) -> str:
     return json.dumps({'needs': self.needs, 'has': {str(s): list(f) for s, f in self.has.items()},
-                       'bucket': self.bucket, 'buddy': {str(s): list(f) for s, f in self.buddy.items()}})
+                       'bucket': self.bucket, 'buddy': {str(s): list(f) for s, f in self.buddy.items()},
+                       'refused': [list(r) for r in self.refused]})
 
   @classmethod
   def decode(cls, text: str) -> 'HostReport':
     found = json.loads(text)
     return cls(found['needs'], {int(s): tuple(f) for s, f in found['has'].items()}, found.get('bucket'),
-               {int(s): tuple(f) for s, f in found.get('buddy', {}).items()})
+               {int(s): tuple(f) for s, f in found.get('buddy', {}).items()},
+               tuple((int(s), t) for s, t in found.get('refused', [])))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,14 +87,15 @@ class Plan:
 def choose(reports: dict[int, HostReport], hosts: int, bucket_step: int | None) -> Plan | None:
   """The newest local step every host can restore from copies of one save (one lineage token): its own
   copy first, else the lowest peer's with the same shards, else a buddy copy of its shards; if the bucket
-  has none newer. None: restore from the bucket."""
+  has none newer; never a save some host refused. None: restore from the bucket."""
   if sorted(reports) != list(range(hosts)):
     return None
+  refused = {r for report in reports.values() for r in report.refused}
   copies = [c for r in reports.values() for c in (r.has, r.buddy)]
   for step in sorted({s for c in copies for s in c}, reverse=True):
     if bucket_step is not None and step < bucket_step:
       return None
-    for token in sorted({c[step][1] for c in copies if step in c}):
+    for token in sorted({c[step][1] for c in copies if step in c} - {t for s, t in refused if s == step}):
       plan = _donors(reports, hosts, step, token)
       if plan is not None:
         return plan
@@ -120,6 +126,7 @@ class JobState:
   committed: list[int]
   set_aside: list[int]
   ever_committed: frozenset[int] = frozenset()  # steps whose save_committed event this host logged
+  saves: dict[int, tuple[str | None, ...]] = dataclasses.field(default_factory=dict)  # their ids (lineage)
 
   @property
   def newest(self) -> int | None:
@@ -137,6 +144,7 @@ class LocalRestore:
     self._plans = 0  # a fresh coordination key for each plan of this run
     self.restored_lineage: lineage_lib.Lineage | None = None  # of the local step `load` read
     self.agreed_newest: int | None = None  # the job directory's newest checkpoint the last plan was made against
+    self.refused: set[tuple[int, str]] = set()  # (step, lineage token) this host's lineage check refused
 
   def usable_steps(self, needs_input: bool, job: JobState, buddy: bool = False) -> dict[int, tuple[str, str]]:
     """Committed local steps of this job's lineage (`lineage.refusal`) at least as new as its newest
@@ -164,9 +172,11 @@ class LocalRestore:
       found = local_tier.read_index(path)
       lineage = local_tier.lineage_of(found)
       why = lineage_lib.refusal(lineage, step, job=job.job, committed=job.committed, set_aside=job.set_aside,
-                                ever_committed=job.ever_committed)
+                                ever_committed=job.ever_committed, saves=job.saves)
       if why is None:
         local_tier.read_shards(path, found)
+      else:
+        self.refused.add((step, lineage.token))  # reported: refused on every host (`choose`)
     except (local_tier.LocalDamage, OSError) as e:
       return f'damaged ({failures.one_line(e)})', {}
     if why is None and found.get('hosts') != self._hosts:
@@ -178,11 +188,14 @@ class LocalRestore:
 
   def plan(self, needs: str, job: JobState, needs_input: bool) -> Plan | None:
     """Every host's reports, one plan on every host (against host 0's newest job-directory checkpoint)."""
-    has, buddy = self._offers(needs_input, job)
+    key = f'{_KEY}plan/{self._plans + 1}'
+    with agreement.working(key, self._host):  # the hosts already at the plan wait while this one reads
+      has, buddy = self._offers(needs_input, job)
     self._plans += 1
-    found = agreement.reports(f'{_KEY}plan/{self._plans}', self._host,
-                              HostReport(needs, has, job.newest, buddy).encode())
+    found = agreement.reports(key, self._host,
+                              HostReport(needs, has, job.newest, buddy, tuple(sorted(self.refused))).encode())
     reports = {h: HostReport.decode(t) for h, t in found.items()}
+    _say_refused_elsewhere(reports, self._host, has, buddy)
     newest = self.agreed_newest = reports[0].bucket if 0 in reports else job.newest
     plan = choose(reports, self._hosts, newest)
     logging.info('[autockpt] local tier: this host offers steps %s%s; the job directory\'s newest checkpoint is %s; '
@@ -192,7 +205,7 @@ class LocalRestore:
 
   def _offers(self, needs_input: bool, job: JobState) -> tuple[dict, dict]:
     """This host's usable steps and buddy copies; none from a folder that cannot be read."""
-    offers = []
+    offers, self.refused = [], set()
     for buddy, folder in ((False, self.folder), (True, self.buddy_folder)):
       try:
         offers.append(self.usable_steps(needs_input, job, buddy=buddy))
@@ -210,19 +223,20 @@ class LocalRestore:
     kinds = sorted({buddy for found in plan.sources.values() for donor, buddy in found if donor == self._host})
     error, servers = None, []
     try:
-      for buddy in kinds:
-        servers.append(self._serve(client, f'{prefix}{self._host}/{int(buddy)}/', plan.step, buddy))
-      if self._host in plan.sources:
-        self._receive(client, prefix, plan.step, plan.sources[self._host])
+      with agreement.working(f'{prefix}done', self._host):  # the hosts done already wait while this one moves
+        for buddy in kinds:
+          servers.append(self._serve(client, f'{prefix}{self._host}/{int(buddy)}/', plan.step, buddy))
+        if self._host in plan.sources:
+          self._receive(client, prefix, plan.step, plan.sources[self._host])
     except Exception as e:  # pylint: disable=broad-except
       error = f'host {self._host}: {failures.one_line(e)}'
     try:
-      failed = agreement.first_report(f'{prefix}done', self._host, error)
+      failed = agreement.first_report(f'{prefix}done', self._host, error)  # agreement.Timeout: the caller's
     finally:
       for server in servers:
         server.stop()  # every receiver is done with it (or the job is)
-    if kinds:
-      _release(client, f'{prefix}{self._host}')
+      if kinds:
+        _release(client, f'{prefix}{self._host}')
     if failed is not None:
       logging.warning('[autockpt] local step %d could not be copied from a peer (%s): restoring from the job '
                       'directory.', plan.step, failed)
@@ -299,6 +313,15 @@ def _peer(client: Any, prefix: str, source: tuple[int, bool], wait: bool) -> dic
       return None
     raise peer_transfer.PeerUnavailable(f'host {source[0]} cannot serve its copy: {found["error"]}')
   return found
+
+
+def _say_refused_elsewhere(reports: dict[int, HostReport], host: int, has: dict, buddy: dict) -> None:
+  """One line for the copies this host offers of a save another host refused (`choose` leaves them out)."""
+  mine = {(s, f[1]) for c in (has, buddy) for s, f in c.items()}
+  by = {r: h for h, report in sorted(reports.items(), reverse=True) if h != host for r in report.refused}
+  for step, token in sorted(mine & by.keys()):
+    logging.warning('[autockpt] local step %d is not offered for the restore: host %d refused it (a refusal on '
+                    'any host is one on every host).', step, by[(step, token)])
 
 
 def _from(used: list[tuple[int, bool]]) -> str:

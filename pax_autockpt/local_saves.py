@@ -68,6 +68,8 @@ class LocalSaves:
     self._newest = -1  # the newest step saved (or restored from here): leftovers of other runs do not count
     self._mine: list[int] = []  # the steps this run committed, oldest first
     self._restored: int | None = None  # the local step this run restored from: kept until its first commit
+    self._lines = {lineage.token}  # the saves whose own step stays while its buddy copy does: this run's (+ restored)
+    self._tokens: dict[str, str] = {}  # a committed step's lineage token, by its path (read once)
     self._room_checked = False  # whether the first save checked the free space yet
     self._summary = CommitSummary(events)
     self._failures = FailureSummary(events)
@@ -76,6 +78,7 @@ class LocalSaves:
   def restored(self, step: int) -> None:
     """The run restored local step `step`: it is not saved again, and stays until this run's first commit."""
     self._newest = self._restored = step
+    self._lines |= {self._token(layout.local_step_dir(self.folder, step))} - {None}
 
   def maybe_save(self, step: int, train_state: Any, pipeline: Any = None) -> None:
     """Once per loop iteration on every host, in the same order."""
@@ -166,9 +169,24 @@ class LocalSaves:
 
   def _keeps(self) -> set[int]:
     """The steps this run keeps: its newest `keep` commits (before the first, the local step it restored), and
-    each own step of a number this host keeps a buddy copy of (its own half of that state, pax_autockpt.buddy)."""
+    each own step this host keeps a buddy copy of the same save of (its own half of that state,
+    pax_autockpt.buddy): this run's, or the one it restored. Not a pair another run left (a rerun without buddy
+    copies, whose `buddy/` nothing renews), nor an own step that only shares the copy's number."""
     kept = set(self._mine[-self._keep:]) or {s for s in [self._restored] if s is not None}
-    return kept | set(layout.local_committed_steps(layout.local_buddy_dir(self.folder)))
+    return kept | {s for s in layout.local_committed_steps(layout.local_buddy_dir(self.folder)) if self._paired(s)}
+
+  def _paired(self, step: int) -> bool:
+    tokens = {self._token(layout.local_step_dir(f, step)) for f in (self.folder, layout.local_buddy_dir(self.folder))}
+    return len(tokens) == 1 and tokens <= self._lines
+
+  def _token(self, step_dir: epath.Path) -> str | None:
+    """The lineage token of a committed local step (None: unreadable, damaged, absent)."""
+    if str(step_dir) not in self._tokens:
+      try:
+        self._tokens[str(step_dir)] = local_tier.lineage_of(local_tier.read_index(step_dir)).token
+      except (local_tier.LocalDamage, OSError):
+        return None
+    return self._tokens[str(step_dir)]
 
   def _clear_leftovers(self) -> None:
     """Every step entry this run does not keep goes (the directory is this run's): `.partial`s a kill left,

@@ -23,12 +23,14 @@ import jax.numpy as jnp
 import numpy as np
 import xxhash
 
+from pax_autockpt import agreement
 from pax_autockpt import background_save
 from pax_autockpt import layout
 from pax_autockpt import lineage as lineage_lib
 from pax_autockpt import manifest as manifest_lib
 
 FORMAT = 2  # 2: the index has a digest and a lineage
+READ_CHUNK_BYTES = 64 << 20  # a local step is read in chunks this size, each a sign of progress
 
 
 class LocalDamage(ValueError):
@@ -196,7 +198,7 @@ def read_shards(step_dir: epath.Path, found: dict[str, Any]) -> dict[str, dict[s
 
 
 def _read_shards(step_dir: epath.Path, found: dict[str, Any]) -> dict[str, dict[str, np.ndarray]]:
-  data = np.fromfile(str(step_dir / layout.LOCAL_SHARDS), dtype=np.uint8)
+  data = _read_all(step_dir / layout.LOCAL_SHARDS)
   out = {}
   for name, entry in found['arrays'].items():
     dtype = _dtype(entry['dtype'])
@@ -205,9 +207,22 @@ def _read_shards(step_dir: epath.Path, found: dict[str, Any]) -> dict[str, dict[
       raw = data[offset:offset + nbytes]
       if raw.nbytes != nbytes or xxhash.xxh3_64(raw).hexdigest() != digest:
         raise LocalDamage(f'{step_dir.name}: {name} shard {key or "()"} does not match its digest')
+      agreement.moved()  # a shard hashed
       shape = tuple(s.stop - s.start for s in manifest_lib.shard_index(key))
       out[name][key] = raw.view(dtype).reshape(shape)
   return out
+
+
+def _read_all(path: epath.Path) -> np.ndarray:
+  """A whole file, in chunks, each a sign of progress (agreement.moved): the hosts waiting at the restore's
+  plan or read wait as long as this one reads, however large its share and slow its disk."""
+  with open(path, 'rb') as f:
+    data = np.empty(os.fstat(f.fileno()).st_size, dtype=np.uint8)
+    view, done = memoryview(data), 0
+    while done < len(data) and (n := f.readinto(view[done:done + READ_CHUNK_BYTES])):
+      done += n
+      agreement.moved()
+  return data[:done]
 
 
 def lineage_of(found: dict[str, Any]) -> lineage_lib.Lineage:

@@ -44,6 +44,7 @@ from absl import logging
 from etils import epath
 import xxhash
 
+from pax_autockpt import agreement
 from pax_autockpt import failures
 from pax_autockpt import layout
 from pax_autockpt import local_tier
@@ -564,6 +565,7 @@ def _copy(response: http.client.HTTPResponse, write: Callable[[memoryview, int],
         raise PeerUnavailable(f'{where}: the connection closed at byte {check.size} of {want}')
       write(view[:n], check.size)
       check.feed(view[:n])
+      agreement.moved()  # the hosts waiting at the fill's end wait while this moves
   except (OSError, http.client.HTTPException) as e:
     raise PeerUnavailable(f'{where}: {failures.one_line(e)} at byte {check.size} of {want}') from None
 

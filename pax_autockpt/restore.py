@@ -47,6 +47,7 @@ class Finding:
   kind: Kind
   reason: str
   host: int = 0
+  timeout: bool = False  # a host made no progress toward the agreement (agreement.Timeout): never encoded
 
   def encode(self) -> str:
     return f'{self.kind.value}|{self.reason}'
@@ -64,8 +65,12 @@ def decide(found: dict[int, str]) -> Finding | None:
 
 
 def agree(key: str, host: int, mine: Finding | None) -> Finding | None:
-  """Every host passes its own finding and gets the same decision back."""
-  return decide(agreement.reports(key, host, mine.encode() if mine else None))
+  """Every host passes its own finding and gets the same decision back: a host that stopped making progress
+  toward it is a transient failure, the same on every host (agreement.Timeout), never a traceback."""
+  try:
+    return decide(agreement.reports(key, host, mine.encode() if mine else None))
+  except agreement.Timeout as e:
+    return Finding(Kind.TRANSIENT, str(e), e.by, timeout=True)
 
 
 # --- does the checkpoint fit this run? -----------------------------------------------------------
@@ -158,14 +163,16 @@ class Restorer:
   def __init__(self, inner: Any, *, events: events_lib.EventLog, checksums: bool, retry_secs: float,
                set_aside: Callable[[int], None], restart_input: bool = False,
                local: local_restore.LocalRestore | None = None, local_job: str = '',
-               ever_committed: frozenset[int] = frozenset()):
+               ever_committed: frozenset[int] = frozenset(), saves: dict[int, tuple[str | None, ...]] | None = None):
     """`set_aside(step)` is called on every host after a damaged checkpoint left the listing;
     `restart_input`: an input state written by another number of hosts is not restored (the input
     starts over) instead of being a mismatch; `local`: the local tier, restored from where its newest
     complete step is at least as new as the bucket's newest checkpoint; `local_job`: this job's id
     (pax_autockpt.lineage), that a local step must have been written by; `ever_committed`: the steps this
-    host's event log records a committed save of (a local step's lineage is checked against them)."""
+    host's event log records a committed save of (a local step's lineage is checked against them), and `saves`
+    the ids of those commits (pax_autockpt.lineage.committed_saves)."""
     self._local, self._local_job, self._ever_committed = local, local_job, ever_committed
+    self._saves = saves or {}
     self._local_failed = False  # a local read failed: the rest of this restore is the job directory's
     self._after_read: Callable[[], None] | None = None  # a local read's input position, set once all hosts read
     self._local_step: int | None = None  # the local step being restored (Pax's step_to_restore)
@@ -252,7 +259,8 @@ class Restorer:
   def _job_state(self) -> local_restore.JobState:
     """The job directory as a local step's lineage is checked against (committed and set-aside steps)."""
     return local_restore.JobState(self._local_job, layout.committed_steps(self.checkpoint_dir),
-                                  layout.set_aside_steps(self._events.job_log_dir), self._ever_committed)
+                                  layout.set_aside_steps(self._events.job_log_dir), self._ever_committed,
+                                  self._saves)
 
   def _local_plan(self, partitioner: Any, metadata: Any, pipeline: Any) -> int | None:
     """The local step every host restores (Pax is pointed at it), or None for the bucket's newest."""
@@ -265,19 +273,32 @@ class Restorer:
     except Exception as e:  # pylint: disable=broad-except
       logging.warning('[autockpt] local tier not used for this restore: %s', failures.one_line(e))
       needs, job = '', local_restore.JobState(self._local_job, [], [])
-    plan = self._local.plan(needs, job, needs_input=pipeline is not None)
-    if plan is None or not self._local.fill(plan):
+    plan = None
+    try:
+      plan = self._local.plan(needs, job, needs_input=pipeline is not None)
+      filled = plan is not None and self._local.fill(plan)
+    except agreement.Timeout as e:  # the same on every host
+      self._local_timed_out(e, plan and plan.step)
+      return None
+    if not filled:
       return None
     internals.restore_step(self._inner, plan.step)
     return plan.step
+
+  def _local_timed_out(self, e: agreement.Timeout, step: int | None) -> None:
+    """A host stopped making progress toward the local tier's plan or fill: every host restores from the job
+    directory, with this one line and event (the same on every host), and plans no local step again."""
+    logging.warning('[autockpt] local tier not used for this restore: %s; restoring from the job directory.', e)
+    self._events.write('local_restore_failed', step=step, kind='timeout', error=str(e), seen_by=e.by)
+    self._local_failed = True
 
   def _bucket_instead(self, step: int, found: Finding) -> None:
     """A local step failed to restore on some host: every host goes to the bucket's newest checkpoint
     (the local copy stays where it is; the next local commits prune it)."""
     logging.warning('[autockpt] local step %d could not be restored (%s); restoring from the job directory instead.',
                     step, found.reason)
-    self._events.write('local_restore_failed', step=step, kind=found.kind.value, error=found.reason,
-                       seen_by=found.host)
+    self._events.write('local_restore_failed', step=step, kind='timeout' if found.timeout else found.kind.value,
+                       error=found.reason, seen_by=found.host)
     self._local_step, self._local_failed = None, True
     internals.restore_newest_instead(self._inner)
 
@@ -318,7 +339,8 @@ class Restorer:
       read = self._local_read
     with internals.no_orbax_restore_barrier():  # the agreement below is the barrier
       try:
-        restored = read(*args, **kwargs)
+        with agreement.working(f'{self._key}/read', self._host):  # the hosts done wait while this one reads
+          restored = read(*args, **kwargs)
       except Exception as e:  # pylint: disable=broad-except
         mine = Finding(failures.classify(e), failures.one_line(e), self._host)
     found = agree(f'{self._key}/read', self._host, mine)
@@ -429,7 +451,10 @@ class Restorer:
                                                  layout.step_dir(self.checkpoint_dir, step), reason)
       except Exception as e:  # pylint: disable=broad-except
         where = f'failed|{failures.one_line(e)}'
-    outcome, where = agreement.first_report(f'autockpt/set-aside/{step}', self._host, where).split('|', 1)
+    try:
+      outcome, where = agreement.first_report(f'autockpt/set-aside/{step}', self._host, where).split('|', 1)
+    except agreement.Timeout as e:
+      outcome, where = 'failed', str(e)
     if outcome == 'failed':
       raise outcomes.RestoreFailed(step, _fit(f'checkpoint {step} is damaged ({{}}) and could not be set aside '
                                               f'({where}); nothing was deleted', reason))

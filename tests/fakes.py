@@ -12,6 +12,7 @@ import dataclasses
 import re
 import signal
 import threading
+import time
 import types
 from typing import Any
 
@@ -260,3 +261,50 @@ def raises(error: BaseException):
     del args, kwargs
     raise error
   return fail
+
+
+# --- jax.distributed's coordination client, shared by threads as hosts --------------------------------------
+
+
+class CoordinationStore:
+  """The coordination service as pax_autockpt.agreement uses it, for threads standing in for `hosts` hosts:
+  a key is set once (ALREADY_EXISTS after), a blocking get ends in DEADLINE_EXCEEDED, and a barrier counts
+  its timeout from its first arrival, as jaxlib 0.4.26's do."""
+
+  def __init__(self, hosts: int):
+    self.kv: dict[str, str] = {}
+    self._hosts, self._barriers = hosts, {}
+    self._changed = threading.Condition()
+    self.timed_out_gets = 0  # blocking gets that ended without their key
+
+  def key_value_set(self, key: str, value: str) -> None:
+    with self._changed:
+      if key in self.kv:
+        raise RuntimeError(f'ALREADY_EXISTS: Config key {key} already exists.')
+      self.kv[key] = value
+      self._changed.notify_all()
+
+  def blocking_key_value_get(self, key: str, timeout_ms: int) -> str:
+    with self._changed:
+      if not self._changed.wait_for(lambda: key in self.kv, timeout_ms / 1000):
+        self.timed_out_gets += 1
+        raise RuntimeError(f'DEADLINE_EXCEEDED: {key} not found within {timeout_ms} ms')
+      return self.kv[key]
+
+  def key_value_dir_get(self, prefix: str) -> list[tuple[str, str]]:
+    with self._changed:
+      return [(k, v) for k, v in sorted(self.kv.items()) if k.startswith(prefix)]
+
+  def key_value_delete(self, key: str) -> None:
+    with self._changed:
+      for k in [k for k in self.kv if k == key or k.startswith(key.rstrip('/') + '/')]:
+        del self.kv[k]
+
+  def wait_at_barrier(self, name: str, timeout_ms: int) -> None:
+    with self._changed:
+      arrived = self._barriers.setdefault(name, [time.monotonic() + timeout_ms / 1000, 0, False])
+      arrived[1] += 1
+      self._changed.notify_all()
+      if arrived[2] or not self._changed.wait_for(lambda: arrived[1] >= self._hosts, arrived[0] - time.monotonic()):
+        arrived[2] = True  # failed: a later arrival finds it failed too
+        raise RuntimeError(f'DEADLINE_EXCEEDED: Barrier timed out. Barrier_id: {name}')

@@ -2,6 +2,7 @@
 the wiring (threads as hosts, 127.0.0.1)."""
 
 import threading
+import time
 
 import pytest
 
@@ -124,3 +125,65 @@ def _all_at_once(calls):
     t.start()
   for t in threads:
     t.join(60)
+
+
+# --- the restore's waits: from the last sign of progress (threads as hosts, a fake coordination service) ------
+
+
+def _hosts(monkeypatch, count, run):
+  """`run(host)` on a thread per host against one fake coordination service: each host's result or the
+  exception that escaped it, and the service."""
+  from tests import fakes  # pylint: disable=g-import-not-at-top  (paxml-heavy)
+  store = fakes.CoordinationStore(count)
+  monkeypatch.setattr(agreement.distributed.global_state, 'client', store)
+  monkeypatch.setattr(agreement.jax, 'process_count', lambda: count)
+  results = {}
+
+  def host(i):
+    try:
+      results[i] = run(i)
+    except Exception as e:  # pylint: disable=broad-except
+      results[i] = e
+
+  threads = [threading.Thread(target=host, args=(i,), daemon=True) for i in range(count)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(60)
+  return results, store
+
+
+def test_a_transfer_that_keeps_moving_keeps_the_others_waiting_past_the_bound(monkeypatch):
+  """The fill's end: hosts 0 and 2 (donors) are there at once, host 1 receives for 4x the bound (scaled down),
+  moving all along: every host gets every report."""
+  monkeypatch.setattr(agreement, 'STALL_SECS', 0.5, raising=False)
+  monkeypatch.setattr(agreement, 'BEAT_SECS', 0.05, raising=False)
+  monkeypatch.setattr(agreement, '_TIMEOUT_MS', 500)  # the old fixed bound, scaled the same
+
+  def run(host):
+    with agreement.working('fill/done', host):
+      for _ in range(40 if host == 1 else 0):
+        time.sleep(0.05)
+        agreement.moved()
+    return agreement.reports('fill/done', host, f'from {host}')
+
+  results, _ = _hosts(monkeypatch, 3, run)
+  assert results == {h: {0: 'from 0', 1: 'from 1', 2: 'from 2'} for h in range(3)}, results
+
+
+def test_the_fast_path_waits_for_nothing_but_the_last_report(monkeypatch):
+  """Bounds of minutes: hosts that arrive 0.2 s apart, working less than a beat, end as soon as the last
+  report is there (a wait of one slice, 150 s here, would outlast the join), with no progress published and no
+  timed-out wait."""
+  monkeypatch.setattr(agreement, 'STALL_SECS', 600, raising=False)
+  monkeypatch.setattr(agreement, 'BEAT_SECS', 300, raising=False)
+
+  def run(host):
+    with agreement.working('plan/1', host):
+      time.sleep(0.2 * host)
+      agreement.moved()
+    return agreement.reports('plan/1', host, 'x' if host else None)
+
+  results, store = _hosts(monkeypatch, 3, run)
+  assert results == {h: {1: 'x', 2: 'x'} for h in range(3)}, results
+  assert store.timed_out_gets == 0 and not [k for k in store.kv if '/progress/' in k], store.kv

@@ -161,6 +161,25 @@ def test_keep_latest_deletes_older_with_events_and_replaces_max_to_keep(job):
   assert all('LatestN(n=2)' in e['policy'] for e in deleted)
 
 
+def test_the_exit_leaves_the_job_directory_as_the_preservation_policy_allows(job):
+  """keep_latest=2 and a signal during a routine save (its commit skips the deletes, as every commit after a
+  signal does): the exit's on-demand commit is followed by the policy once more, so the job directory the exit
+  leaves holds the newest two, not three."""
+  ckpt, fake = fakes.wrap(job, settings_lib.Settings(keep_latest=2), interval=10)
+  for step in range(10, 31):
+    ckpt.save_if_needed(step, STATE)
+  ckpt.wait_until_finished()
+  fake.orbax.gate.clear()  # the save of 40 is in flight when the signal comes
+  for step in range(31, 41):
+    ckpt.save_if_needed(step, STATE)
+  fakes.preempt()
+  fake.orbax.gate.set()
+  with pytest.raises(outcomes.Preempted):
+    ckpt.save_if_needed(41, STATE)
+  assert committed(job) == [40, 41]
+  assert [e['step'] for e in fakes.events(job, 'deleted')] == [10, 20, 30]
+
+
 def test_newest_committed_is_never_deleted(job):
   """A policy that keeps nothing still leaves the newest committed checkpoint, even when the loop has
   moved past it (so it is not protected as the current step)."""

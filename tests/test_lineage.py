@@ -1,17 +1,21 @@
 """Which local steps a restart may restore (pax_autockpt.lineage.refusal, pure) and how a run's lineage moves
 as its job-directory saves start and commit."""
 
+import shutil
+
 import pytest
 
 from pax_autockpt import layout
 from pax_autockpt import lineage as lineage_lib
+from pax_autockpt import settings as settings_lib
+from tests import fakes
 
 Lineage = lineage_lib.Lineage
 
 
-def _refusal(lineage, step, committed, set_aside=(), job='job-a', ever_committed=frozenset()):
+def _refusal(lineage, step, committed, set_aside=(), job='job-a', ever_committed=frozenset(), saves=None):
   return lineage_lib.refusal(lineage, step, job=job, committed=list(committed), set_aside=list(set_aside),
-                             ever_committed=ever_committed)
+                             ever_committed=ever_committed, saves=saves)
 
 
 def test_a_step_of_this_job_that_grew_from_the_newest_checkpoint_is_offered():
@@ -88,3 +92,85 @@ def test_a_job_directory_gets_one_id_and_a_new_directory_a_new_one(tmp_path):
   assert first == again and run1 != run2
   layout.job_id_path(tmp_path / 'job').unlink()  # the directory deleted and made again
   assert lineage_lib.identify(tmp_path / 'job', 0)[0] != first
+
+
+def test_a_checkpoint_retrained_to_the_same_number_is_another_save_and_its_local_steps_are_refused():
+  """Why 1: local step 2400 grew from checkpoint 2000 (save r1-2000); 2000 was rolled back and retrained to the
+  same number (save r3-2000, the newest commit of 2000 in the event log): restoring 2400 would undo it."""
+  grown = Lineage('job-a', 'r1', base=2000, base_id='r1-2000')
+  saves = {1000: ('r0-1000',), 2000: ('r1-2000', 'r3-2000')}
+  assert _refusal(grown, 2400, committed=[1000, 2000], saves=saves) == (
+      "it grew from checkpoint 2000 of another save (id r1-2000), the job directory's 2000 is a later save: "
+      'restoring it would undo the rollback')
+  assert _refusal(grown, 2400, committed=[1000, 2000], saves={2000: ('r1-2000',)}) is None  # the same save
+  # A save it saw start (r1-3000) never committed; another save of 3000 (r3-3000) did: not one it grew from.
+  seen = Lineage('job-a', 'r1', base=2000, started=(3000,), base_id='r1-2000', started_ids=('r1-3000',))
+  why = _refusal(seen, 3100, committed=[2000, 3000], saves={2000: ('r1-2000',), 3000: ('r3-3000',)})
+  assert why == "the job directory's checkpoint 3000 is not one it grew from"
+
+
+def test_a_save_id_is_one_per_run_and_step_and_every_commit_of_a_step_is_listed_oldest_first():
+  run1, run2 = 'a' * 32, 'b' * 32  # the same on every host of a run, another for a retrain
+  assert lineage_lib.save_id(run1, 2000) == lineage_lib.save_id(run1, 2000) != lineage_lib.save_id(run2, 2000)
+  log = [{'event': 'save_committed', 'step': 2000}, {'event': 'save_started', 'step': 2000, 'id': 'x'},
+         {'event': 'save_committed', 'step': 2000, 'id': 'y'}, {'event': 'save_committed', 'step': 'z'}]
+  assert lineage_lib.committed_saves(log) == {2000: (None, 'y')}
+
+
+def test_a_copied_or_moved_job_directory_is_a_new_job_for_the_local_tier(tmp_path):
+  """Why 2: `cp -r` carries autockpt/job_id along; the fork and the original are two jobs all the same."""
+  original, _ = lineage_lib.identify(tmp_path / 'job', 0)
+  shutil.copytree(tmp_path / 'job', tmp_path / 'fork')
+  assert layout.job_id_path(tmp_path / 'fork').read_text() == layout.job_id_path(tmp_path / 'job').read_text()
+  fork, _ = lineage_lib.identify(tmp_path / 'fork', 0)
+  assert fork != original and lineage_lib.identify(tmp_path / 'job', 0)[0] == original
+  (tmp_path / 'job').rename(tmp_path / 'moved')
+  assert lineage_lib.identify(tmp_path / 'moved', 0)[0] not in (original, fork)
+  assert _refusal(Lineage(original, 'r1', base=None), 40, committed=[], job=fork).startswith('written by another job')
+  bucket = lineage_lib.job_identity('abc', 'gs://b/job')
+  assert bucket == lineage_lib.job_identity('abc', 'gs://b/job/') != lineage_lib.job_identity('abc', 'gs://b/fork')
+
+
+def test_a_base_removed_by_preservation_after_a_save_it_saw_start_committed_is_not_a_rollback():
+  """Why 3: local step 2050 grew from 1000 and saw the save of 2000 start; 2000 committed and
+  --autockpt_keep_latest=1 deleted 1000. 2050 is offered; a rollback or a retrain of 2000 still refuses it."""
+  tracker = lineage_lib.Tracker('job-a', 'r1')
+  tracker.restored(1000, save='r0-1000')
+  tracker.save_started(2000, 'r1-2000')
+  grown = tracker.at(2050)
+  assert grown == Lineage('job-a', 'r1', 1000, (2000,), 'r0-1000', ('r1-2000',))
+  saves = {1000: ('r0-1000',), 2000: ('r1-2000',)}
+  assert _refusal(grown, 2050, committed=[2000], saves=saves) is None
+  assert _refusal(grown, 2050, committed=[], saves=saves).startswith('it grew from checkpoint 2000, which is no longer')
+  assert 'of another save' in _refusal(grown, 2050, committed=[2000], saves={**saves, 2000: ('r1-2000', 'r3-2000')})
+  assert _refusal(grown, 2050, committed=[], saves={1000: ('r0-1000',)}).startswith(  # 2000 never committed
+      'it grew from checkpoint 1000, which is no longer')
+  tracker.save_committed(2000)
+  assert tracker.at(2100) == Lineage('job-a', 'r1', 2000, (), 'r1-2000')
+
+
+def test_an_index_written_before_save_ids_is_judged_by_step_numbers():
+  old = Lineage.from_json({'job': 'job-a', 'run': 'r1', 'base': 2000, 'started': [2400]})
+  assert old == Lineage('job-a', 'r1', 2000, (2400,)) and old.base_id is None and old.started_ids == ()
+  saves = {2000: ('r3-2000',), 2400: ('r3-2400',)}  # saves with ids it knows nothing of
+  assert _refusal(old, 2450, committed=[1000, 2000, 2400], saves=saves) is None
+  assert _refusal(old, 2450, committed=[1000], saves=saves).startswith('it grew from checkpoint 2400, which is no')
+  assert Lineage.from_json(old.to_json()) == old
+  with pytest.raises(ValueError):
+    Lineage.from_json({**old.to_json(), 'started_ids': ['a', 'b']})  # more ids than saves
+
+
+@pytest.mark.usefixtures('clean_signals')
+def test_each_job_directory_save_has_an_id_and_a_restart_grows_its_local_steps_from_it(tmp_path):
+  job, settings = tmp_path / 'job', settings_lib.Settings(local_dir=str(tmp_path / 'local'))
+  ckpt, _ = fakes.wrap(job, settings)
+  ckpt.save_if_needed(10, fakes.STATE)
+  ckpt.wait_until_finished()
+  started, = fakes.events(job, 'save_started')
+  committed, = fakes.events(job, 'save_committed')
+  assert started['id'] == committed['id'] and committed['id'].endswith('-10')
+  assert ckpt._lineage.at(15).base_id == committed['id']  # pylint: disable=protected-access
+  again, fake = fakes.wrap(job, settings)
+  again.get_model_states(None, None, None)
+  assert fake.restored == [10]
+  assert again._lineage.at(15).base_id == committed['id']  # pylint: disable=protected-access  (from the log)

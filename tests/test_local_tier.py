@@ -6,13 +6,16 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pax_autockpt import agreement
 from pax_autockpt import events as events_lib
 from pax_autockpt import hosts
 from pax_autockpt import layout
@@ -20,7 +23,9 @@ from pax_autockpt import lineage as lineage_lib
 from pax_autockpt import local_restore
 from pax_autockpt import local_saves
 from pax_autockpt import local_tier
+from pax_autockpt import restore as restore_lib
 from pax_autockpt import settings as settings_lib
+from tests import fakes
 
 HostReport, Plan = local_restore.HostReport, local_restore.Plan
 JOB = local_restore.JobState('job-a', committed=[], set_aside=[])  # a job directory with no checkpoint yet
@@ -243,6 +248,70 @@ def test_a_step_is_restored_only_from_copies_of_one_save():
   assert local_restore.choose(reports, 2, None) == Plan(200, {0: 1, 1: 1}, {0: ((1, False),)})
 
 
+def _hosts_plan(restores, jobs, needs):
+  """Each host's plan from its own job state, the hosts' reports exchanged as the coordination service would
+  (threads as hosts, `agreement.reports` met at a barrier)."""
+  barrier, found, plans = threading.Barrier(len(restores)), {}, {}
+
+  def reports(key, host, report):
+    del key
+    found[host] = report
+    barrier.wait(30)
+    return dict(found)
+
+  def run(host):
+    plans[host] = restores[host].plan(needs, jobs[host], needs_input=False)
+
+  with mock.patch.object(local_restore.agreement, 'reports', reports):
+    threads = [threading.Thread(target=run, args=(h,)) for h in range(len(restores))]
+    for thread in threads:
+      thread.start()
+    for thread in threads:
+      thread.join(60)
+  return plans
+
+
+def test_a_step_refused_on_one_host_is_refused_on_every_host(tmp_path, caplog):
+  """Why 4: two data-parallel replicas hold local step 2400, grown from 1000 while the save of 2000 was in
+  flight. Host 0's event log records that 2000 committed (it was then deleted: a rollback); host 1's lost the
+  event. Host 0 refuses 2400: no host restores it (not host 0 filled from host 1's copy)."""
+  _, state, _ = _state()
+  grown = lineage_lib.Lineage('job-a', 'run-1', base=1000, started=(2000,))
+  for host in (0, 1):
+    step_dir = _save(tmp_path / f'local-{host}', 2400, state, hosts=2, lineage=grown)
+  needs = local_tier.read_index(step_dir)['fingerprint']
+  restores = [local_restore.LocalRestore(tmp_path / f'local-{h}', host=h, hosts=2) for h in (0, 1)]
+  jobs = [local_restore.JobState('job-a', [1000], [], ever_committed=frozenset(seen)) for seen in ({1000, 2000},
+                                                                                                   {1000})]
+  assert _hosts_plan(restores, jobs, needs) == {0: None, 1: None}
+  assert 'local step 2400 is not offered for the restore: host 0 refused it' in caplog.text
+  # Neither host refusing, host 0's copy gone: host 0 restores 2400 from host 1's.
+  shutil.rmtree(tmp_path / 'local-0')
+  plans = _hosts_plan(restores, [jobs[1], jobs[1]], needs)
+  assert plans[0] == plans[1] == Plan(2400, {0: 1, 1: 1}, {0: ((1, False),)})
+  report = HostReport('A', {}, refused=((2400, 'job-a/run-1'),))
+  assert HostReport.decode(report.encode()) == report
+
+
+def test_a_retrained_checkpoint_number_neither_keeps_nor_restores_the_rolled_back_local_step(tmp_path):
+  """Why 1: run 1 (buddy copies on) left local step 2400 grown from checkpoint 2000 and the neighbour's 2400
+  in buddy/; 2000 was deleted and run 2 (no buddy copies) retrained it. Run 2's first local commit removes
+  its own 2400 (the buddy copy is another run's), and a restart refuses 2400 even where it is left."""
+  _, state, _ = _state()
+  grown = lineage_lib.Lineage('job-a', 'run-1', base=2000, base_id='run-1-2000')
+  _save(tmp_path / 'left', 2400, state, lineage=grown)
+  _save(tmp_path, 2400, state, lineage=grown)
+  _save(layout.local_buddy_dir(tmp_path), 2400, state, lineage=grown)
+  saves = local_saves.LocalSaves(tmp_path, min_interval_secs=0, keep=1, events=events_lib.EventLog(tmp_path / 'job', 0),
+                                 lineage=lineage_lib.Tracker('job-a', 'run-2'))
+  saves.maybe_save(2100, state)
+  saves._thread.join()  # pylint: disable=protected-access
+  assert layout.local_committed_steps(tmp_path) == [2100]
+  job = local_restore.JobState('job-a', [1000, 2000], [], frozenset({1000, 2000}),
+                               {1000: ('run-0-1000',), 2000: ('run-1-2000', 'run-2-2000')})
+  assert local_restore.LocalRestore(tmp_path / 'left', host=0, hosts=1).usable_steps(False, job) == {}
+
+
 def test_local_saves_keep_this_runs_newest_and_remove_every_other_step(tmp_path):
   _, state, _ = _state()
   _save(tmp_path, 900, state, lineage=lineage_lib.Lineage('job-b', 'r9', base=None))  # another job's, newer
@@ -254,9 +323,9 @@ def test_local_saves_keep_this_runs_newest_and_remove_every_other_step(tmp_path)
     assert 900 not in layout.local_committed_steps(tmp_path)  # never in the way of this run's saves
   assert layout.local_committed_steps(tmp_path) == [60, 70]
   assert local_tier.lineage_of(local_tier.read_index(layout.local_step_dir(tmp_path, 70))).token == 'job-a/r2'
-  # A buddy copy of the neighbour's step 70 that lags behind: this host's own step 70 stays with it (the two
-  # halves of one state), beyond the newest 2.
-  _save(layout.local_buddy_dir(tmp_path), 70, state)
+  # A buddy copy of the neighbour's step 70 (of this run) that lags behind: this host's own step 70 stays with it
+  # (the two halves of one state), beyond the newest 2.
+  _save(layout.local_buddy_dir(tmp_path), 70, state, lineage=lineage_lib.Lineage('job-a', 'r2', base=None))
   for step in (80, 90):
     saves.maybe_save(step, state)
     saves._thread.join()  # pylint: disable=protected-access
@@ -471,3 +540,108 @@ def test_a_donor_sigkilled_mid_transfer_hands_its_part_on_and_the_job_ends_withi
   assert 'the next donor goes on from there' in outs[1][1], lines
   assert 'local step 12 received from hosts 0, 2 (a buddy copy) in parallel' in outs[1][1], lines
   print(f'host 2 SIGKILLed mid-part: host 1 committed the step; hosts 0 and 1 ended {ended:.0f} s later')
+
+
+# --- Why 9: the restore's waits count from the last sign of progress, not the first arrival -------------------
+
+STALL = 0.5  # agreement.STALL_SECS, scaled down: every host's wait here outlasts it many times
+
+
+def _bounds(monkeypatch, stall=STALL, beat=0.05):
+  """Small bounds for the restore's waits (the old fixed barrier timeout scaled down the same)."""
+  monkeypatch.setattr(agreement, 'STALL_SECS', stall, raising=False)
+  monkeypatch.setattr(agreement, 'BEAT_SECS', beat, raising=False)
+  monkeypatch.setattr(agreement, '_TIMEOUT_MS', int(stall * 1000))
+
+
+def _as_hosts(monkeypatch, count, run, release=None):
+  """`run(host)` on a thread per host ('host-<n>') against one fake coordination service: each host's result
+  or the exception that escaped it. With `release` (an Event a stalled host waits on), every other host ends
+  first, then it is set."""
+  store = fakes.CoordinationStore(count)
+  monkeypatch.setattr(agreement.distributed.global_state, 'client', store)
+  monkeypatch.setattr(agreement.jax, 'process_count', lambda: count)
+  results = {}
+
+  def host(h):
+    try:
+      results[h] = run(h)
+    except Exception as e:  # pylint: disable=broad-except
+      results[h] = e
+
+  threads = [threading.Thread(target=host, args=(h,), name=f'host-{h}', daemon=True) for h in range(count)]
+  for thread in threads:
+    thread.start()
+  for thread in threads[:-1] if release else threads:
+    thread.join(60)
+  if release:
+    release.set()
+    threads[-1].join(60)
+  return results, store
+
+
+def _hashing(monkeypatch, host, pause=None, stall=None):
+  """Host `host`'s shard digests take `pause` s each (a large share on a slow disk), or wait for `stall`."""
+  real = local_tier.xxhash.xxh3_64
+
+  def digest(data):
+    if threading.current_thread().name == f'host-{host}':
+      if stall is not None:
+        stall.wait(60)
+      time.sleep(pause or 0)
+    return real(data)
+
+  monkeypatch.setattr(local_tier.xxhash, 'xxh3_64', digest)
+
+
+def _many_arrays(tmp_path, hosts_):
+  """Local step 12 of 40 arrays on each host in `hosts_`; the fingerprint every host needs."""
+  mesh, _, _ = _state()
+  state = {f'a{i:02d}': jax.device_put(jnp.full((4,), i, jnp.float32), jax.sharding.NamedSharding(mesh, P()))
+           for i in range(40)}
+  for host in hosts_:
+    step_dir = _save(tmp_path / f'local-{host}', 12, state, hosts=3)
+  return local_tier.read_index(step_dir)['fingerprint']
+
+
+def test_a_host_that_reads_slowly_but_keeps_moving_keeps_the_others_at_the_plan(tmp_path, monkeypatch):
+  """Why 9: host 0 reads and hashes its share slowly (40 shards, 0.05 s each: 4x the bound), host 2 (a replaced
+  VM, empty disk) is at the plan at once. The others wait as long as host 0 moves: every host gets one plan."""
+  _bounds(monkeypatch)
+  needs = _many_arrays(tmp_path, (0, 1))
+  _hashing(monkeypatch, 0, pause=STALL / 10)
+  restores = [local_restore.LocalRestore(tmp_path / f'local-{h}', host=h, hosts=3) for h in range(3)]
+  plans, _ = _as_hosts(monkeypatch, 3, lambda h: restores[h].plan(needs, JOB, needs_input=False))
+  assert plans[0] == plans[1] == plans[2] == Plan(12, {0: 0, 1: 1, 2: 0}, {2: ((0, False), (1, False))}), plans
+
+
+def test_a_host_that_stops_moving_sends_every_host_to_the_job_directory_with_one_agreed_line(tmp_path, monkeypatch,
+                                                                                              caplog):
+  """Why 9: host 2 stops in the middle of hashing its share. Hosts 0 and 1 end their wait once it has not moved
+  for the bound, while it is still stuck; when it comes back it gets the same outcome. Every host restores from
+  the job directory (empty: a fresh start) with the same line and a `local_restore_failed` event of kind
+  "timeout": nothing escapes."""
+  _bounds(monkeypatch)
+  needs = _many_arrays(tmp_path, (0, 1, 2))
+  stuck = threading.Event()
+  _hashing(monkeypatch, 2, stall=stuck)
+  monkeypatch.setattr(local_tier, 'fingerprint_for', lambda *args: needs)
+
+  def restore(h):
+    local = local_restore.LocalRestore(tmp_path / f'local-{h}', host=h, hosts=3)
+    restorer = restore_lib.Restorer(fakes.FakePaxCheckpointer(tmp_path / f'job-{h}'),
+                                    events=events_lib.EventLog(tmp_path / f'job-{h}', h), checksums=False,
+                                    retry_secs=0, set_aside=lambda step: None, local=local, local_job='job-a')
+    done = restorer.get_model_states(mock.Mock(), mock.Mock(), None)
+    assert not stuck.is_set() or h == 2  # hosts 0 and 1 ended while host 2 was still stuck
+    return done
+
+  results, _ = _as_hosts(monkeypatch, 3, restore, release=stuck)
+  assert all(isinstance(results[h], tuple) for h in range(3)), results
+  failed = [[e for e in events_lib.read(tmp_path / f'job-{h}', h) if e['event'] == 'local_restore_failed']
+            for h in range(3)]
+  assert [[(e['kind'], e['seen_by']) for e in f] for f in failed] == [[('timeout', failed[0][0]['seen_by'])]] * 3
+  assert {f[0]['error'] for f in failed} == {'host(s) 2 made no progress for 0.5 s while the others waited at '
+                                             'autockpt/local-restore/plan/1'}
+  lines = [r.getMessage() for r in caplog.records if 'local tier not used for this restore' in r.getMessage()]
+  assert len(lines) == 3 and len(set(lines)) == 1, lines
