@@ -52,7 +52,10 @@ def test_the_readme_cpu_tutorial_runs_as_written(tmp_path):
   assert starts[2]['restored_from'] == 'local' and 400 < starts[2]['restored_step'] < 800, starts
   assert re.search(r'\[autockpt\] local step [4-7]\d\d restored in ', text), text[-3000:]
   assert 'finished at step 800, exit 0' in text and 'rerunning the same command trains nothing' in text
-  assert 'restarts: 2 (restored steps: none, ' in text and (tmp_path / 'timeline.png').stat().st_size > 0
+  restarts = r'^restarts: 2 \(restored: step \d+ from the job directory, local step [4-7]\d\d\)$'
+  lost = r'; run 2 was killed at step ~\d+, run 3 restored local step [4-7]\d\d: \d+ lost\)$'
+  assert re.search(restarts, text, re.M) and re.search(lost, text, re.M), text[-3000:]
+  assert (tmp_path / 'timeline.png').stat().st_size > 0
   assert re.search(r'^step 800: ok \(', text, re.M) and 'DAMAGED' not in text, text[-3000:]
   assert re.search(r'^step 800: identical to .*uninterrupted', text, re.M), text[-3000:]
 

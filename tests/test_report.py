@@ -141,7 +141,7 @@ def test_preempted_run_and_restart(tmp_path):
   text = report.format_text(r)
   assert 'preemptions: 1 at step 1234 (SIGTERM -> exit 0.50 s)' in text
   assert 'steps lost: 0 total, max 0' in text
-  assert 'restarts: 1 (restored steps: none, 1234)' in text
+  assert 'restarts: 1 (restored: step 1234 from the job directory)' in text
   assert 'hosts: 1, started 2 times' in text  # not 'hosts: 1, 1 declared (starts per host 0:2)'
   assert 'save blocking ms mean/p50/p90/max: ' in text and 'save duration s mean/p50/p90/max: ' in text
   assert ("restart cost R: 18.1 s per restart (the mean over 1 restart: from the last event of a run to the next "
@@ -174,7 +174,8 @@ def test_sigkilled_run_is_a_lower_bound(tmp_path):
   assert r.saves_started == 4 and r.saves_committed == 3
   assert not r.runs[0].exited and r.runs[1].exited
   text = report.format_text(r)
-  assert 'steps lost: >= 50 total, max >= 50 (lower bound' in text
+  assert ('steps lost: 50 total, max 50 (run 1 was killed at step ~250, run 2 restored step 200 from the job '
+          'directory: 50 lost)') in text
   assert '1 run(s) without an exit event' in text
 
 
@@ -505,3 +506,102 @@ def test_the_legend_in_help_and_in_docs_names_every_line_of_the_report(tmp_path)
   assert [line for line in lines if not line.startswith(labels)] == []
   with pytest.raises(SystemExit):
     cli.main(['report', '--help'])
+
+
+def tutorial_story(tmp_path, local_survived=True):
+  """The README tutorial's story: run 1 saves 200 and exits 143 on SIGTERM at 300; run 2 restores 300, commits
+  local steps back to back (its log shows the first, 301: the summaries come once a minute), saves 400 and is
+  killed at ~575; run 3 restores local step 575 and finishes at 800. Without `local_survived`, run 2's log shows
+  its local step 575 (a summary just before the kill), but its disk was lost: run 3 restores checkpoint 400."""
+  job = Job(tmp_path)
+  job.start(0, 0.0)
+  job.save(0, 10.0, 200)
+  job.ev(0, 15.0, 'preemption', step=300, signal='SIGTERM')
+  job.save(0, 15.0, 300, reason='preemption', blocking=0.01, duration=0.2)
+  job.ev(0, 15.5, 'exit', code=143, step=300)
+  job.ev(0, 20.0, 'start', num_hosts=1, pid=2, restored_step=300, restored_from='bucket')
+  job.ev(0, 21.0, 'local_committed', step=301, duration_s=0.03, bytes=1000, commits=1)
+  job.save(0, 25.0, 400)  # committed at 26.0, its last event; then kill -9 at ~575
+  if not local_survived:
+    job.ev(0, 26.5, 'local_committed', step=575, duration_s=0.03, bytes=1000, commits=274, interval_s=0.02)
+  restored = (575, 'local') if local_survived else (400, 'bucket')
+  job.ev(0, 30.0, 'start', num_hosts=1, pid=3, restored_step=restored[0], restored_from=restored[1])
+  job.ev(0, 31.0, 'local_committed', step=restored[0] + 1, duration_s=0.03, bytes=1000, commits=1)
+  job.save(0, 35.0, 600)
+  job.save(0, 45.0, 800, reason='final')
+  job.ev(0, 46.0, 'local_committed', step=799, duration_s=0.03, bytes=1000, commits=300, interval_s=0.05)
+  job.ev(0, 47.0, 'exit', code=0, step=800)
+  return job.write(checkpoints=(200, 300, 400, 600, 800))
+
+
+def test_restarts_line_names_what_each_restart_restored_one_item_per_restart(tmp_path):
+  text = report.format_text(report.load(tutorial_story(tmp_path)))
+  assert 'restarts: 2 (restored: step 300 from the job directory, local step 575)' in text.splitlines()
+  assert 'restarts: 0' in report.format_text(report.load(single_run(tmp_path / 'one'))).splitlines()
+
+
+@pytest.mark.parametrize('local_survived, words', [
+    (True, 'steps lost: 0 total, max 0 (run 1 exited 143 at step 300, run 2 restored step 300 from the job '
+           'directory: 0 lost; run 2 was killed at step ~575, run 3 restored local step 575: 0 lost)'),
+    (False, 'steps lost: 175 total, max 175 (run 1 exited 143 at step 300, run 2 restored step 300 from the job '
+            'directory: 0 lost; run 2 was killed at step ~575, run 3 restored step 400 from the job directory: '
+            '175 lost)')])
+def test_steps_lost_after_a_kill_in_plain_words_per_restart(tmp_path, local_survived, words):
+  """After `kill -9` the log's last sign of run 2 is step 400 (or the local step 575 when its summary was
+  logged); the step run 3 restored proves it trained that far: what survived is what it restored, per tier."""
+  r = report.load(tutorial_story(tmp_path, local_survived))
+  assert [(x.reached_step, x.restored_step, x.steps_lost) for x in r.restart_details] == [
+      (300, 300, 0), (575, 575 if local_survived else 400, 0 if local_survived else 175)]
+  assert words in report.format_text(r).splitlines()
+
+
+def test_local_tier_duration_weighs_each_summary_by_its_commits(tmp_path):
+  """A summary's duration (its newest commit's) stands for its commits, as its mean interval does: the run's
+  first commit, slow (0.10 s), is one commit of 61, not half of them; the plot's points stay out of the JSON."""
+  job = Job(tmp_path)
+  job.start(0, 0.0)
+  job.ev(0, 1.0, 'local_committed', step=10, duration_s=0.10, bytes=1000, commits=1)
+  job.ev(0, 61.0, 'local_committed', step=6010, duration_s=0.03, bytes=1000, commits=60, interval_s=1.0)
+  r = report.load(job.write())
+  assert r.local.saves_committed == 61 and r.local.duration_s.n == 61
+  assert r.local.duration_s.p50 == pytest.approx(0.03) and r.local.duration_s.max == pytest.approx(0.10)
+  assert 'points' not in r.to_dict()['local']
+
+
+def test_local_tier_count_is_a_lower_bound_after_a_kill(tmp_path):
+  """Run 2 summed up its local commits and was killed: the ones since its last summary are not in the log."""
+  r = report.load(tutorial_story(tmp_path))
+  assert (r.local.saves_committed, r.local.count_lower_bound) == (302, True)
+  assert ("local tier: >= 302 saves committed (a killed run's last minute is not logged), interval P50/P90 "
+          '0.05/0.05 s') in report.format_text(r)
+
+
+def _artists(ax):
+  """Label -> the (x, y) points of each labelled scatter and line of a plot."""
+  found = {c.get_label(): [tuple(p) for p in c.get_offsets()] for c in ax.collections}
+  found.update({line.get_label(): list(zip(*line.get_data())) for line in ax.lines})
+  return found
+
+
+def test_plot_numbers_runs_from_1_marks_each_ending_where_it_happened_and_draws_local_commits(tmp_path):
+  from pax_autockpt.tools.report import timeline  # pylint: disable=g-import-not-at-top
+  ax = timeline.figure(report.load(tutorial_story(tmp_path))).axes[0]
+  legend = [t.get_text() for t in ax.get_legend().get_texts()]
+  assert [t for t in legend if t.startswith('run ')] == [
+      'run 1 (fresh)', 'run 2 (from step 300)', 'run 3 (from local step 575)']
+  got = _artists(ax)
+  assert got['exit 143 (saved on a signal)'] == [(15.5, 300)] and got['exit 0 (finished)'] == [(47.0, 800)]
+  # The kill: at run 2's last event (the commit of 400, at 26 s), at the step run 3 restored; not on a save dot.
+  assert got['killed: no exit event (at its last event)'] == [(26.0, 575)]
+  assert got['local tier: newest committed step (logged once a minute)'] == [(21.0, 301), (31.0, 576), (46.0, 799)]
+  assert (25.0, 400) in got['save: interval']
+
+
+def test_the_docs_sample_report_is_what_the_tutorial_story_prints(tmp_path):
+  """docs/report.md's sample lines (but the job's path) are printed by a log of the tutorial's story."""
+  with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), 'docs', 'report.md')) as f:
+    docs = f.read()
+  sample = docs.split('## Reading the report', 1)[1].split('```\n', 2)[1].splitlines()
+  assert sample[0].startswith('job: ') and len(sample) > 3
+  printed = report.format_text(report.load(tutorial_story(tmp_path))).splitlines()
+  assert [line for line in sample[1:] if line != '...' and line not in printed] == []

@@ -6,8 +6,8 @@ only: the command's help must not import matplotlib.
 import textwrap
 
 LEGEND = (
-    ('job, hosts, restarts', 'the job directory; how many hosts logged and how often each started; the step each '
-     'restart restored (none: a fresh start)'),
+    ('job, hosts, restarts', 'the job directory; how many hosts logged and how often each started; what each '
+     'restart restored: a step from the job directory, a local step (the local tier), or no checkpoint'),
     ('saves, steps saved', 'checkpoint saves started, by reason (interval, continuous, preemption: on SIGTERM, '
      'notice, final), and how many committed; the steps of the committed ones'),
     ('save blocking', 'how long each save paused training (copying the state off the device), mean/p50/p90/max '
@@ -20,14 +20,16 @@ LEGEND = (
      'the signal\'s arrival to the exit (agreeing on the step: what the phase cost, and where; then saving)'),
     ('notices', 'maintenance or preemption notices from the metadata server, the step saved for each and how '
      'long before the SIGTERM'),
-    ('exit codes, steps lost', 'how runs ended (143: saved on a signal; 0: finished; 1: failed); the steps '
-     'trained but not restored by the next run (a lower bound where a run was killed without an exit)'),
+    ('exit codes, steps lost', 'how runs ended (143: saved on a signal; 0: finished; 1: failed); per restart, how '
+     'the run before it ended and what the next run restored: the steps trained but not restored (after a kill, '
+     'which leaves no exit event, from the newest step its log or the next run\'s restore shows it trained: ~)'),
     ('deletions, restore skipped', 'checkpoints a preservation policy deleted; damaged checkpoints a restore '
      'passed over (kept aside, never deleted)'),
     ('checkpoints', 'committed checkpoints in the job directory now, and incomplete attempts beside them'),
     ('unparsable lines', 'event-log lines that were not valid JSON events (a killed writer\'s torn last line)'),
-    ('local tier', 'local saves committed on the hosts\' own disks, their interval and duration, and the tier '
-     'each run started from'),
+    ('local tier', 'local saves committed on the hosts\' own disks (each event in the log sums up a minute\'s '
+     'commits: all are counted; >= where a killed run\'s last minute went unlogged), their interval and '
+     'duration, and the tier each run started from'),
     ('restart cost R', 'per restart, the time from a run\'s last event to the next run\'s first save, less the '
      'steps it trained before that save: downtime plus start-up plus restore'),
     ('goodput', 'with --mtbf_hours M: the share of time spent on training that counts, 1 - save cost/interval - '

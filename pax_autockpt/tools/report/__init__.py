@@ -20,9 +20,10 @@ How the figures are derived (the interpretations the contract leaves open):
   logged), across restarts; consecutive pairs with a positive step difference; seconds between their
   start times. Percentiles interpolate linearly (numpy's default).
 - Steps lost by restart k on a host = (run k-1's exit step, else the highest step in any of its
-  `start`/`save_started`/`save_committed`/`preemption` events) - run k's `restored_step` (0 when null),
-  floored at 0; a lower bound when run k-1 has no `exit` event. Per job: the max over hosts per restart;
-  total = sum over restarts.
+  `start`/`save_started`/`save_committed`/`local_committed`/`preemption` events or run k's `restored_step`,
+  which proves how far a killed run trained) - run k's `restored_step` (0 when null), floored at 0; after a
+  kill (no `exit` event) the steps trained after the run's last event are not counted (the text marks its
+  step with ~). Per job: the max over hosts per restart; total = sum over restarts.
 - Checkpoints: complete = committed by `pax_autockpt.layout`'s rule; incomplete = the other attempts
   in the directory (orbax's `*.orbax-checkpoint-tmp-*`, and on gs:// a `checkpoint_N` without its
   commit marker).

@@ -127,7 +127,7 @@ def _run(host: int, index: int, rev: list[_Event]) -> model.Run:
   if start is not None:
     points.append((start.t, restored if restored is not None else 0))
   for e in rev:
-    step = _step(e) if e.name in ('save_started', 'preemption', 'exit') else None
+    step = _step(e) if e.name in ('save_started', 'local_committed', 'preemption', 'exit') else None
     if step is not None:
       points.append((e.t, step))
   committed = [_step(e) for e in rev if e.name in ('save_committed', 'local_committed')]
@@ -141,7 +141,18 @@ def _run(host: int, index: int, rev: list[_Event]) -> model.Run:
       restored_step=restored, t_last=max(e.t for e in rev), max_step=max_step,
       exited=exit_ev is not None, exit_code=values.integer(exit_rec.get('code')),
       exit_step=exit_step, t_exit=exit_ev.t if exit_ev else None,
-      reached_step=exit_step if exit_step is not None else max_step, points=points)
+      reached_step=exit_step if exit_step is not None else max_step, points=points,
+      restored_from=values.string(start_rec.get('restored_from')) or
+      ('bucket' if restored is not None else None))  # a start logged before the field: the job directory's
+
+
+def _reached_by_the_next(run_by_key: dict[tuple[int, int], model.Run]) -> None:
+  """A killed run trained at least to the step the next run restored: its log lags behind what it trained (the
+  local tier's commits are summed up once a minute), and the restored step proves how far it got."""
+  for (host, index), r in run_by_key.items():
+    nxt = run_by_key.get((host, index + 1))
+    if not r.exited and nxt is not None and nxt.restored_step is not None:
+      r.reached_step = values.max_known([r.reached_step, nxt.restored_step])
 
 
 def _restored_steps(runs: list[model.Run]) -> list[int | None]:
@@ -254,30 +265,40 @@ def _intervals(committed: list[model.Save]) -> tuple[model.Stats, model.Stats, f
   return model.Stats.of(isteps), model.Stats.of(isecs), values.median(rates)
 
 
+def _per_commit(mine: list[_Event]) -> tuple[list[float], list[float | None]]:
+  """Each local commit's interval and duration, so that the figures are the commits', not the events'.
+
+  An event sums up `commits` commits with their mean `interval_s` and the newest one's `duration_s`
+  (pax_autockpt.local_saves.CommitSummary): both stand for each of its commits, or a minute of 120 commits
+  would weigh as much as the run's first. Logs written before that have one event per commit, and the gaps
+  between them are the intervals.
+  """
+  weights = [max(0, values.integer(e.rec.get('commits')) or 1) for e in mine]
+  durations = [values.number(e.rec.get('duration_s')) for e, n in zip(mine, weights) for _ in range(n)]
+  if not any(values.integer(e.rec.get('commits')) is not None for e in mine):
+    return [b.t - a.t for a, b in zip(mine, mine[1:]) if a.run == b.run], durations
+  gaps = [values.number(e.rec.get('interval_s')) for e, n in zip(mine, weights)
+          if values.number(e.rec.get('interval_s')) is not None for _ in range(n)]
+  return gaps, durations
+
+
 def _local_tier(evs: list[_Event], runs: list[model.Run]) -> model.LocalTier | None:
   """The local tier's commits on the lowest host that logged any, and the tier each job run restored."""
   local = [e for e in evs if e.name == 'local_committed' and _step(e) is not None]
-  starts = {(e.host, e.run): values.string(e.rec.get('restored_from')) or
-            ('bucket' if values.integer(e.rec.get('restored_step')) is not None else None)  # before the field
-            for e in evs if e.name == 'start'}
-  if not local and 'local' not in starts.values():
+  if not local and all(r.restored_from != 'local' for r in runs):
     return None
   host = min((e.host for e in local), default=0)
   mine = [e for e in local if e.host == host]
-  # An event sums up `commits` commits and their mean `interval_s` (pax_autockpt.local_saves.CommitSummary);
-  # logs written before that have one event per commit, and the gaps between them are the intervals.
-  summed = [e for e in mine if values.integer(e.rec.get('commits')) is not None]
-  gaps = ([values.number(e.rec.get('interval_s')) for e in summed if values.number(e.rec.get('interval_s'))
-           for _ in range(values.integer(e.rec.get('commits')))]  # each commit's interval, as if logged alone
-          if summed else [b.t - a.t for a, b in zip(mine, mine[1:]) if a.run == b.run])
+  gaps, durations = _per_commit(mine)
   by_index = collections.defaultdict(dict)
   for r in runs:
-    by_index[r.index][r.host] = starts.get((r.host, r.index))
+    by_index[r.index][r.host] = r.restored_from
   restored = [hosts.get(0, hosts[min(hosts)]) for _, hosts in sorted(by_index.items())]
-  count = sum(values.integer(e.rec.get('commits')) or 1 for e in mine)
-  return model.LocalTier(saves_committed=count, interval_s=model.Stats.of(gaps),
-                         duration_s=model.Stats.of(values.number(e.rec.get('duration_s')) for e in mine),
-                         restored_from=restored)
+  killed = {r.index for r in runs if r.host == host and not r.exited}
+  return model.LocalTier(saves_committed=sum(max(0, values.integer(e.rec.get('commits')) or 1) for e in mine),
+                         interval_s=model.Stats.of(gaps), duration_s=model.Stats.of(durations),
+                         restored_from=restored, points=[(e.t, _step(e)) for e in mine],
+                         count_lower_bound=any(e.run in killed and 'commits' in e.rec for e in mine))
 
 
 def _adaptive(evs: list[_Event]) -> tuple[float | None, float | None]:
@@ -368,6 +389,8 @@ class _HostRestart:
   lower_bound: bool               # the previous run had no exit event
   downtime_s: float | None        # previous run's last event -> this run's start
   startup_s: float | None         # start -> first save, less the steps trained in between
+  restored_from: str | None       # 'local', 'bucket' or None
+  previous_exit_code: int | None
 
   @property
   def cost_s(self) -> float | None:
@@ -397,7 +420,8 @@ def _host_restart(r: model.Run, prev: model.Run, rev: list[_Event],
       host=r.host, reached_step=reached, restored_step=r.restored_step,
       steps_lost=max(0, reached - restored), lower_bound=not prev.exited,
       downtime_s=(r.t_start - prev.t_last) if r.t_start is not None else None,
-      startup_s=_startup(r, rev, restored, seconds_per_step))
+      startup_s=_startup(r, rev, restored, seconds_per_step), restored_from=r.restored_from,
+      previous_exit_code=prev.exit_code)
 
 
 def _restart(index: int, rows: list[_HostRestart]) -> model.Restart:
@@ -410,7 +434,8 @@ def _restart(index: int, rows: list[_HostRestart]) -> model.Restart:
       lower_bound=any(row.lower_bound for row in rows),
       downtime_s=values.max_known(row.downtime_s for row in rows),
       startup_s=values.max_known(row.startup_s for row in rows),
-      cost_s=values.max_known(row.cost_s for row in rows))
+      cost_s=values.max_known(row.cost_s for row in rows), restored_from=first.restored_from,
+      previous_exit_code=first.previous_exit_code)
 
 
 def _restarts(run_events: dict[tuple[int, int], list[_Event]],
@@ -472,6 +497,7 @@ def load(job_log_dir: str | os.PathLike) -> model.Report:
   run_events = _by_run(evs)
   runs = [_run(host, index, rev) for (host, index), rev in run_events.items()]
   run_by_key = {(r.host, r.index): r for r in runs}
+  _reached_by_the_next(run_by_key)
   hosts = sorted({e.host for e in evs})
   start_counts = collections.Counter(e.host for e in evs if e.name == 'start')
   starts_per_host = {h: start_counts[h] for h in hosts}

@@ -49,9 +49,10 @@ class Run:
   exit_code: int | None
   exit_step: int | None
   t_exit: float | None
-  reached_step: int | None        # exit step, else max_step
+  reached_step: int | None        # exit step, else max_step (after a kill: at least the next run's restored step)
   # (time, step) for the plot; left out of the JSON output.
   points: list[tuple[float, int]] = dataclasses.field(default_factory=list, repr=False)
+  restored_from: str | None = None  # 'local', 'bucket' or None (fresh, or not recorded)
 
 
 @dataclasses.dataclass
@@ -108,6 +109,8 @@ class Restart:
   downtime_s: float | None
   startup_s: float | None
   cost_s: float | None
+  restored_from: str | None = None  # the tier the new run restored from: 'local', 'bucket' or None
+  previous_exit_code: int | None = None  # how the previous run ended (None: killed, or not recorded)
 
 
 @dataclasses.dataclass
@@ -117,6 +120,9 @@ class LocalTier:
   interval_s: Stats               # between consecutive local commits of one run (per summary: its mean)
   duration_s: Stats               # a local save's start -> its commit
   restored_from: list[str | None]  # per job run: 'local', 'bucket' or None (fresh, or not recorded)
+  count_lower_bound: bool = False  # a run that summed up its commits was killed: its last summary's are unlogged
+  # (time, newest step) of each local_committed event, for the plot; left out of the JSON output.
+  points: list[tuple[float, int]] = dataclasses.field(default_factory=list, repr=False)
 
 
 @dataclasses.dataclass
@@ -175,6 +181,8 @@ class Report:
     d = dataclasses.asdict(self)
     for r in d['runs']:
       r.pop('points', None)
+    if d['local'] is not None:
+      d['local'].pop('points', None)
     if mtbf_hours is not None:
       d['goodput'] = young_daly.goodput(self, mtbf_hours)
     d['adaptive'] = young_daly.adaptive(self)

@@ -54,10 +54,19 @@ def _job_lines(r: model.Report) -> list[str]:
   else:
     per_host = 'starts: ' + ', '.join(f'host {h} x{n}' for h, n in r.starts_per_host.items())
   declared = '' if r.num_hosts in (None, len(r.hosts)) else f' (the job declared {r.num_hosts})'
-  restored = ', '.join('none' if s is None else str(s) for s in r.restored_steps)
+  restored = ', '.join(_restored_words(x) for x in r.restart_details)
   return [f'job: {r.job_log_dir}',
           f'hosts: {len(r.hosts)}{declared}, {per_host}',
-          f'restarts: {r.restarts} (restored steps: {restored})']
+          f'restarts: {r.restarts}' + (f' (restored: {restored})' if restored else '')]
+
+
+def _restored_words(x: model.Restart) -> str:
+  """What one restart restored, and from which tier: the reader asks where the job came back from."""
+  if x.restored_step is None:
+    return 'no checkpoint'
+  if x.restored_from == 'local':
+    return f'local step {x.restored_step}'
+  return f'step {x.restored_step} from the job directory'
 
 
 def _save_lines(r: model.Report) -> list[str]:
@@ -120,16 +129,28 @@ def _notice_line(r: model.Report) -> str:
 
 
 def _exit_lines(r: model.Report) -> list[str]:
-  """Exit codes, and the steps lost by restarts (a lower bound after a run was killed)."""
+  """Exit codes, and the steps each restart lost, in words: how the run before it ended, what it restored."""
   codes = ', '.join(f'{c} x{n}' for c, n in r.exit_codes.items())
   killed = sum(1 for run in r.runs if not run.exited)
-  ge = '>= ' if r.steps_lost_lower_bound else ''
-  lost = f'steps lost: {ge}{r.steps_lost_total} total, max {ge}{r.steps_lost_max}'
-  if r.steps_lost_lower_bound:
-    lost += ' (lower bound: a run ended without an exit event)'
+  lost = f'steps lost: {r.steps_lost_total} total, max {r.steps_lost_max}'
+  if r.restart_details:
+    lost += ' (' + '; '.join(_lost_words(x) for x in r.restart_details) + ')'
   return [f'exit codes: {codes or "none"}'
           + (f'; {killed} run(s) without an exit event' if killed else ''),
           lost]
+
+
+def _lost_words(x: model.Restart) -> str:
+  """'run 2 was killed at step ~575, run 3 restored local step 575: 0 lost', runs counted from 1 as the user
+  counts them. A killed run's step is the newest its log shows it trained (or the step the next run restored, if
+  newer), hence '~': the steps it trained after its last event are not counted."""
+  reached = '?' if x.reached_step is None else str(x.reached_step)
+  if x.lower_bound:
+    ended = f'run {x.index} was killed at step ~{reached}'
+  else:
+    code = '' if x.previous_exit_code is None else f' {x.previous_exit_code}'
+    ended = f'run {x.index} exited{code} at step {reached}'
+  return f'{ended}, run {x.index + 1} restored {_restored_words(x)}: {x.steps_lost} lost'
 
 
 def _storage_lines(r: model.Report) -> list[str]:
@@ -152,8 +173,9 @@ def _local_lines(r: model.Report) -> list[str]:
   gaps = 'n/a' if t.interval_s.p50 is None else f'{t.interval_s.p50:.2f}/{t.interval_s.p90:.2f} s'
   took = 'n/a' if t.duration_s.p50 is None else f'{t.duration_s.p50:.3f} s'
   tiers = ', '.join(_TIERS.get(k, k) for k in t.restored_from)
-  return [f'local tier: {t.saves_committed} saves committed, interval P50/P90 {gaps}, duration P50 {took}; '
-          f'each run started from: {tiers}']
+  count = f'>= {t.saves_committed} saves committed (a killed run\'s last minute is not logged)' if (
+      t.count_lower_bound) else f'{t.saves_committed} saves committed'
+  return [f'local tier: {count}, interval P50/P90 {gaps}, duration P50 {took}; each run started from: {tiers}']
 
 
 _TIERS = {None: 'fresh', 'bucket': 'the job directory', 'local': 'the local tier'}

@@ -30,8 +30,18 @@ class _Legend:
     return text
 
 
+def _run_label(run: model.Run) -> str:
+  """'run 2 (from local step 575)': runs counted from 1, as the user counts them."""
+  if run.restored_step is None:
+    restored = 'fresh'
+  else:
+    restored = f'from {"local " if run.restored_from == "local" else ""}step {run.restored_step}'
+  return f'run {run.index + 1} ({restored})'
+
+
 def _plot_runs(ax, r: model.Report, label: _Legend) -> None:
-  """A line per run (colour = run, line style = host), and a cross where a killed run ended."""
+  """A line per run (colour = run, line style = host); a killed run's line runs on, dotted, to the step it
+  reached (the next run's restore proves it) at the time of its last event, where a cross marks the kill."""
   multi_host = len(r.hosts) > 1
   for run in r.runs:
     if not run.points:
@@ -40,12 +50,12 @@ def _plot_runs(ax, r: model.Report, label: _Legend) -> None:
     style = _HOST_STYLES[r.hosts.index(run.host) % len(_HOST_STYLES)] if multi_host else '-'
     xs = [t - r.t0 for t, _ in run.points]
     ys = [s for _, s in run.points]
-    restored = 'fresh' if run.restored_step is None else f'from step {run.restored_step}'
-    ax.plot(xs, ys, color=colour, linestyle=style, linewidth=1.5, alpha=0.8,
-            label=label(f'run {run.index} ({restored})'))
+    ax.plot(xs, ys, color=colour, linestyle=style, linewidth=1.5, alpha=0.8, label=label(_run_label(run)))
     if not run.exited:
-      ax.scatter([xs[-1]], [ys[-1]], marker='x', color='grey', s=60, zorder=4,
-                 label=label('run ended without exit (killed)'))
+      end = (run.t_last - r.t0, run.reached_step if run.reached_step is not None else ys[-1])
+      ax.plot([xs[-1], end[0]], [ys[-1], end[1]], color=colour, linestyle=':', linewidth=1.5, alpha=0.8)
+      ax.scatter([end[0]], [end[1]], marker='x', color='grey', s=60, zorder=7,
+                 label=label('killed: no exit event (at its last event)'))
 
 
 def _plot_saves(ax, r: model.Report, label: _Legend) -> None:
@@ -69,11 +79,30 @@ def _plot_preemptions_and_exits(ax, r: model.Report, label: _Legend) -> None:
   for n in r.notices:
     ax.axvline(n.t - r.t0, color='tab:orange', linestyle=':', linewidth=1.5,
                label=label(f'notice ({n.source or "?"})'))
-  exits = [(run.t_exit - r.t0, run.exit_step if run.exit_step is not None else (run.max_step or 0))
-           for run in r.runs if run.exited and run.t_exit is not None]
-  if exits:
-    ax.scatter([x for x, _ in exits], [y for _, y in exits], marker='X', color='black', s=80,
-               zorder=5, label=label('exit'))
+  _plot_exits(ax, r, label)
+
+
+_EXIT_MARKS = {143: ('tab:red', 'exit 143 (saved on a signal)'), 0: ('tab:green', 'exit 0 (finished)')}
+
+
+def _plot_exits(ax, r: model.Report, label: _Legend) -> None:
+  """A cross per exit event, coloured by its code: how each run ended is what the reader looks for."""
+  for run in r.runs:
+    if not run.exited or run.t_exit is None:
+      continue
+    step = run.exit_step if run.exit_step is not None else (run.max_step or 0)
+    code = '?' if run.exit_code is None else run.exit_code
+    colour, text = _EXIT_MARKS.get(run.exit_code, ('black', f'exit {code}'))
+    ax.scatter([run.t_exit - r.t0], [step], marker='X', color=colour, s=80, zorder=7, label=label(text))
+
+
+def _plot_local(ax, r: model.Report, label: _Legend) -> None:
+  """The local tier's commits as their own series: a restart from a local step newer than the last
+  checkpoint then shows where that step came from. Each dot is one logged summary (its newest step)."""
+  if r.local is None or not r.local.points:
+    return
+  ax.scatter([t - r.t0 for t, _ in r.local.points], [s for _, s in r.local.points], marker='d', s=22,
+             color='tab:olive', zorder=5, label=label('local tier: newest committed step (logged once a minute)'))
 
 
 def _title(r: model.Report) -> str:
@@ -84,8 +113,8 @@ def _title(r: model.Report) -> str:
           + ('; line style = host' if multi_host else ''))
 
 
-def plot(report: model.Report, path: str) -> None:
-  """Writes a PNG timeline: step against seconds since the first event, one line per run."""
+def figure(report: model.Report):
+  """The timeline as a matplotlib Figure (on an Agg canvas): step against seconds since the first event."""
   # Imported here: matplotlib is slow to import and only the plot needs it.
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
@@ -96,6 +125,7 @@ def plot(report: model.Report, path: str) -> None:
   label = _Legend()
   _plot_runs(ax, report, label)
   _plot_saves(ax, report, label)
+  _plot_local(ax, report, label)
   _plot_preemptions_and_exits(ax, report, label)
   ax.set_title(_title(report))
   ax.set_xlabel('wall time since first event (s)')
@@ -104,5 +134,10 @@ def plot(report: model.Report, path: str) -> None:
   if label.used:
     ax.legend(loc='best', fontsize='small')
   fig.tight_layout()
+  return fig
+
+
+def plot(report: model.Report, path: str) -> None:
+  """Writes a PNG timeline: step against seconds since the first event, one line per run."""
   with epath.Path(path).open('wb') as f:
-    fig.savefig(f, format='png')
+    figure(report).savefig(f, format='png')
