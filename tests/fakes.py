@@ -17,7 +17,9 @@ import types
 from typing import Any
 
 from etils import epath
+import jax
 from jax import numpy as jnp
+from jax._src import distributed
 from paxml import train_states
 
 from pax_autockpt import checkpointer as checkpointer_lib
@@ -308,3 +310,29 @@ class CoordinationStore:
       if arrived[2] or not self._changed.wait_for(lambda: arrived[1] >= self._hosts, arrived[0] - time.monotonic()):
         arrived[2] = True  # failed: a later arrival finds it failed too
         raise RuntimeError(f'DEADLINE_EXCEEDED: Barrier timed out. Barrier_id: {name}')
+
+
+def as_hosts(monkeypatch, count, run, release=None):
+  """`run(host)` on a thread per host ('host-<n>') against one fake coordination service: each host's result
+  or the exception that escaped it, and the service. With `release` (an Event a stalled host waits on), every
+  other host ends first, then it is set."""
+  store = CoordinationStore(count)
+  monkeypatch.setattr(distributed.global_state, 'client', store)
+  monkeypatch.setattr(jax, 'process_count', lambda: count)
+  results = {}
+
+  def host(h):
+    try:
+      results[h] = run(h)
+    except Exception as e:  # pylint: disable=broad-except
+      results[h] = e
+
+  threads = [threading.Thread(target=host, args=(h,), name=f'host-{h}', daemon=True) for h in range(count)]
+  for thread in threads:
+    thread.start()
+  for thread in threads[:-1] if release else threads:
+    thread.join(60)
+  if release:
+    release.set()
+    threads[-1].join(60)
+  return results, store

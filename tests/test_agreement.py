@@ -130,27 +130,9 @@ def _all_at_once(calls):
 # --- the restore's waits: from the last sign of progress (threads as hosts, a fake coordination service) ------
 
 
-def _hosts(monkeypatch, count, run):
-  """`run(host)` on a thread per host against one fake coordination service: each host's result or the
-  exception that escaped it, and the service."""
+def _as_hosts(monkeypatch, count, run):
   from tests import fakes  # pylint: disable=g-import-not-at-top  (paxml-heavy)
-  store = fakes.CoordinationStore(count)
-  monkeypatch.setattr(agreement.distributed.global_state, 'client', store)
-  monkeypatch.setattr(agreement.jax, 'process_count', lambda: count)
-  results = {}
-
-  def host(i):
-    try:
-      results[i] = run(i)
-    except Exception as e:  # pylint: disable=broad-except
-      results[i] = e
-
-  threads = [threading.Thread(target=host, args=(i,), daemon=True) for i in range(count)]
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join(60)
-  return results, store
+  return fakes.as_hosts(monkeypatch, count, run)
 
 
 def test_a_transfer_that_keeps_moving_keeps_the_others_waiting_past_the_bound(monkeypatch):
@@ -167,7 +149,7 @@ def test_a_transfer_that_keeps_moving_keeps_the_others_waiting_past_the_bound(mo
         agreement.moved()
     return agreement.reports('fill/done', host, f'from {host}')
 
-  results, _ = _hosts(monkeypatch, 3, run)
+  results, _ = _as_hosts(monkeypatch, 3, run)
   assert results == {h: {0: 'from 0', 1: 'from 1', 2: 'from 2'} for h in range(3)}, results
 
 
@@ -184,6 +166,6 @@ def test_the_fast_path_waits_for_nothing_but_the_last_report(monkeypatch):
       agreement.moved()
     return agreement.reports('plan/1', host, 'x' if host else None)
 
-  results, store = _hosts(monkeypatch, 3, run)
+  results, store = _as_hosts(monkeypatch, 3, run)
   assert results == {h: {1: 'x', 2: 'x'} for h in range(3)}, results
   assert store.timed_out_gets == 0 and not [k for k in store.kv if '/progress/' in k], store.kv

@@ -554,32 +554,6 @@ def _bounds(monkeypatch, stall=STALL, beat=0.05):
   monkeypatch.setattr(agreement, '_TIMEOUT_MS', int(stall * 1000))
 
 
-def _as_hosts(monkeypatch, count, run, release=None):
-  """`run(host)` on a thread per host ('host-<n>') against one fake coordination service: each host's result
-  or the exception that escaped it. With `release` (an Event a stalled host waits on), every other host ends
-  first, then it is set."""
-  store = fakes.CoordinationStore(count)
-  monkeypatch.setattr(agreement.distributed.global_state, 'client', store)
-  monkeypatch.setattr(agreement.jax, 'process_count', lambda: count)
-  results = {}
-
-  def host(h):
-    try:
-      results[h] = run(h)
-    except Exception as e:  # pylint: disable=broad-except
-      results[h] = e
-
-  threads = [threading.Thread(target=host, args=(h,), name=f'host-{h}', daemon=True) for h in range(count)]
-  for thread in threads:
-    thread.start()
-  for thread in threads[:-1] if release else threads:
-    thread.join(60)
-  if release:
-    release.set()
-    threads[-1].join(60)
-  return results, store
-
-
 def _hashing(monkeypatch, host, pause=None, stall=None):
   """Host `host`'s shard digests take `pause` s each (a large share on a slow disk), or wait for `stall`."""
   real = local_tier.xxhash.xxh3_64
@@ -611,7 +585,7 @@ def test_a_host_that_reads_slowly_but_keeps_moving_keeps_the_others_at_the_plan(
   needs = _many_arrays(tmp_path, (0, 1))
   _hashing(monkeypatch, 0, pause=STALL / 10)
   restores = [local_restore.LocalRestore(tmp_path / f'local-{h}', host=h, hosts=3) for h in range(3)]
-  plans, _ = _as_hosts(monkeypatch, 3, lambda h: restores[h].plan(needs, JOB, needs_input=False))
+  plans, _ = fakes.as_hosts(monkeypatch, 3, lambda h: restores[h].plan(needs, JOB, needs_input=False))
   assert plans[0] == plans[1] == plans[2] == Plan(12, {0: 0, 1: 1, 2: 0}, {2: ((0, False), (1, False))}), plans
 
 
@@ -636,7 +610,7 @@ def test_a_host_that_stops_moving_sends_every_host_to_the_job_directory_with_one
     assert not stuck.is_set() or h == 2  # hosts 0 and 1 ended while host 2 was still stuck
     return done
 
-  results, _ = _as_hosts(monkeypatch, 3, restore, release=stuck)
+  results, _ = fakes.as_hosts(monkeypatch, 3, restore, release=stuck)
   assert all(isinstance(results[h], tuple) for h in range(3)), results
   failed = [[e for e in events_lib.read(tmp_path / f'job-{h}', h) if e['event'] == 'local_restore_failed']
             for h in range(3)]
