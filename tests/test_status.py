@@ -159,3 +159,25 @@ def test_wait_for_checkpoint_without_a_pid_says_what_it_waits_for(tmp_path, caps
   assert lines[0].startswith('status: waiting ') and lines[0].endswith(
       's for a checkpoint of step 200 or later: no run has started in this job directory yet')
   assert lines[-1].startswith('status: error: no checkpoint of step 200 or later committed within 1.2 s')
+
+
+def test_the_local_tier_line_reads_the_directory_or_says_how_old_the_logs_figure_is(tmp_path, capsys):
+  """During a run the event log holds a local commit a minute: status said `step 300` beside a job directory at
+  400 while the tier held 575. With --local_dir it reads host 0's directory; without, it says the figure's age."""
+  job, local = str(tmp_path / 'job'), str(tmp_path / 'local-{host}')
+  _run(job, ('start', {'restored_step': None}), ('local_committed', {'step': 300, 'duration_s': 0.02}))
+  status.run(job)
+  line = capsys.readouterr().out.splitlines()[1]
+  assert line.startswith('local tier: step 300 committed on host 0 at ')
+  assert ' s ago: the event log records at most one local commit a minute, a newer one may exist' in line
+  for step in (500, 575):
+    (tmp_path / 'local-0' / f'step_{step:08d}').mkdir(parents=True)
+    (tmp_path / 'local-0' / f'step_{step:08d}' / layout.LOCAL_INDEX).write_text('{}')
+  (tmp_path / 'local-0' / 'step_00000600.partial').mkdir()  # not committed
+  status.run(job, local_dir=local)
+  assert capsys.readouterr().out.splitlines()[1] == (
+      f'local tier: step 575 committed on host 0 (in {tmp_path}/local-0), newer: the same command resumes from it '
+      'where every host still holds its copy, or a replica does')
+  _run(job, ('exit', {'code': 137, 'step': 580}))
+  status.run(job)
+  assert ' s ago' not in capsys.readouterr().out  # the run ended: the log's figure is its last word

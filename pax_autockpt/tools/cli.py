@@ -31,6 +31,9 @@ def _parser() -> argparse.ArgumentParser:
   status.add_argument('--pid', type=int, default=None,
                       help="with --wait_for_checkpoint: the run's process ($! in a shell); its end ends the wait")
   status.add_argument('--timeout_secs', type=float, default=300.0, help='with --wait_for_checkpoint (default 300)')
+  status.add_argument('--local_dir', default=None, metavar='TEMPLATE',
+                      help="the run's --autockpt_local_dir: host 0's newest local step read from it (else from the "
+                      'event log, which records a running job\'s local commits at most once a minute)')
 
   report = sub.add_parser('report', help='checkpoint timeline and figures of a job', epilog=report_legend.legend_text(),
                           formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -72,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
       return 2
   if args.command == 'status':
     from pax_autockpt.tools import status  # pylint: disable=g-import-not-at-top
-    return status.run(args.job_log_dir, args.wait_for_checkpoint, args.timeout_secs, args.pid)
+    return status.run(args.job_log_dir, args.wait_for_checkpoint, args.timeout_secs, args.pid, args.local_dir)
   if args.command == 'report':
     from pax_autockpt.tools import report  # pylint: disable=g-import-not-at-top  (matplotlib)
     return report.run(args.job_log_dir, mtbf_hours=args.mtbf_hours, plot_path=args.plot,

@@ -70,16 +70,28 @@ def run_line(evs: list[dict]) -> str:
   return f'{began}: {how}{signal} at step {ended.get("step")}, exit {code}, {_when(ended["t"])}{done}'
 
 
-def local_line(evs: list[dict], newest: int | None) -> str | None:
+def local_line(evs: list[dict], newest: int | None, local_dir: str | None = None) -> str | None:
   """Where the job uses a local tier: host 0's newest local commit, and whether a restart would take it over
-  the job directory's `newest` committed step."""
+  the job directory's `newest` committed step. Read from host 0's local directory where `local_dir` (the run's
+  --autockpt_local_dir) names one on this machine; else from the event log, which records a running job's
+  commits at most once a minute: then the line says how old its figure is."""
   local = [e for e in evs if e['event'] == 'local_committed']
-  if not local:
+  held = layout.local_committed_steps(layout.local_dir(local_dir, 0)) if local_dir else []
+  if not local and not held:
     return None
-  step = local[-1]['step']
+  step = held[-1] if held else local[-1]['step']
   newer = (', newer: the same command resumes from it where every host still holds its copy, or a replica does'
            if newest is None or step > newest else '')
-  return f'local tier: step {step} committed on host 0 at {_when(local[-1]["t"])}{newer}'
+  if held:
+    return f'local tier: step {step} committed on host 0 (in {layout.local_dir(local_dir, 0)}){newer}'
+  age = '' if finished(last_run(evs)) or _ended(evs) else (
+      f' ({time.time() - local[-1]["t"]:.0f} s ago: the event log records at most one local commit a minute, a '
+      'newer one may exist; --local_dir reads the directory)')
+  return f'local tier: step {step} committed on host 0 at {_when(local[-1]["t"])}{age}{newer}'
+
+
+def _ended(evs: list[dict]) -> bool:
+  return any(e['event'] == 'exit' for e in last_run(evs))
 
 
 def failing_line(evs: list[dict]) -> str | None:
@@ -158,7 +170,7 @@ def _seen(newest: int | None, evs: list[dict]) -> str:
 
 
 def run(job_log_dir: str, wait_for: int | None = None, timeout_secs: float = DEFAULT_WAIT_SECS,
-        pid: int | None = None) -> int:
+        pid: int | None = None, local_dir: str | None = None) -> int:
   if wait_for is not None:
     why = wait_for_checkpoint(job_log_dir, wait_for, timeout_secs, pid=pid)
     if why:
@@ -170,7 +182,7 @@ def run(job_log_dir: str, wait_for: int | None = None, timeout_secs: float = DEF
   # Host 0's events and the job directory's listing, each read once (on gs:// a week-long log is many objects).
   evs, steps = events_lib.read(job_log_dir, 0), layout.committed_steps(layout.checkpoint_dir(job_log_dir))
   print(checkpoint_line(steps, finished(last_run(evs))))
-  local = local_line(evs, steps[-1] if steps else None)
+  local = local_line(evs, steps[-1] if steps else None, local_dir)
   for line in (local, failing_line(evs)):
     if line:
       print(line)
