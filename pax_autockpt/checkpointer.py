@@ -135,7 +135,7 @@ class AutockptCheckpointer:
     if exit_after_ondemand_checkpoint:
       self._startup = startup_exit.StartupExit(distributed.global_state.client, events.host, events,
                                                settings.exit_code, settings.grace_secs, self._nothing_to_save_yet,
-                                               self._newest_known)
+                                               self._newest_known, take_over=self._exit.take_over)
 
   def __getattr__(self, name: str) -> Any:
     return getattr(self._inner, name)

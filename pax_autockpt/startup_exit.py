@@ -39,8 +39,12 @@ class StartupExit:
   directory's (no save needed); `newest()`: its newest committed step, known without a storage call."""
 
   def __init__(self, client, host: int, events: events_lib.EventLog, exit_code: int, grace_secs: float,
-               nothing_to_save: Callable[[], bool], newest: Callable[[], int | None]):
+               nothing_to_save: Callable[[], bool], newest: Callable[[], int | None],
+               take_over: Callable[[], bool] = lambda: True):
+    """`take_over()`: the exit path's (pax_autockpt.exit_path.ExitPath.take_over): False when the main thread
+    took the exit first (its loop's first iteration saw the same signal): then it ends the process, not this."""
     self._client, self._host, self._events = client, host, events
+    self._take_over = take_over
     self._exit_code, self._grace_secs = exit_code, grace_secs
     self._nothing_to_save, self._newest = nothing_to_save, newest
     self._lock = threading.Lock()
@@ -110,8 +114,8 @@ class StartupExit:
   def _exit(self, value: str) -> None:
     """The events and the one line, then the process ends (the main thread is in C++ and cannot unwind).
     Once per process: a second caller (another thread that read the same key) waits for the first's end."""
-    if not self._exiting.acquire(blocking=False):
-      threading.Event().wait()
+    if not self._exiting.acquire(blocking=False) or not self._take_over():
+      threading.Event().wait()  # another thread ends the process (and writes the events): one record, not two
     _, name, host = value.split('|')
     code = signals.INTERRUPT_EXIT_CODE if name == signal.SIGINT.name else self._exit_code
     try:

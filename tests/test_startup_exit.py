@@ -113,3 +113,22 @@ def test_the_waiting_thread_and_the_main_thread_finding_the_claim_end_the_proces
   assert main.is_alive() and events_lib.read(tmp_path) == []  # waits for the end; nothing written twice
   atexit.unregister(host._release)  # pylint: disable=protected-access  (its threads wait for an end that is faked)
   del codes, cond
+
+
+def test_a_main_thread_that_took_the_exit_first_ends_the_process_alone(tmp_path, exits):
+  """A signal before the first step, seen by both the main thread at the loop's first iteration (it took the
+  exit path: it writes the `preemption` and `exit` events) and this waiting thread: the waiting thread writes
+  nothing and does not end the process (two `preemption` events on host 0 broke a 2-host Ctrl-C run)."""
+  codes, cond = exits
+  service = _Service()
+  taken = threading.Event()
+  host = startup_exit.StartupExit(service, 0, events_lib.EventLog(tmp_path, 0), 143, 300.0, lambda: True,
+                                  lambda: 400, take_over=lambda: not taken.is_set())
+  taken.set()  # the main thread's ExitPath.take_over() came first
+  signals._record(15, None)  # pylint: disable=protected-access
+  waiting = threading.Thread(target=lambda: host._exit('exit|SIGTERM|0'), daemon=True)  # pylint: disable=protected-access
+  waiting.start()
+  waiting.join(1.0)
+  assert waiting.is_alive() and events_lib.read(tmp_path) == [] and codes == []
+  atexit.unregister(host._release)  # pylint: disable=protected-access
+  del cond
