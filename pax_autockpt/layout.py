@@ -39,7 +39,6 @@ COMMIT_MARKER = 'commit_success.txt'  # orbax's, on object storage
 UNRESTORABLE_MARKER = 'autockpt_unrestorable.txt'
 ORBAX_TMP = '.orbax-checkpoint-tmp-'
 _STEP = re.compile(r'checkpoint_(\d{8,})')
-_EVENTS = re.compile(r'events\.host(\d+)(?:\.(\d{6}))?\.jsonl')
 
 
 def is_object_store(path: epath.PathLike) -> bool:
@@ -228,26 +227,6 @@ def events_path(job_log_dir: epath.PathLike, host: int, part: int | None = None)
   """A host's event log; on object storage, part `part` of it."""
   suffix = '' if part is None else f'.{part:06d}'
   return autockpt_dir(job_log_dir) / f'events.host{host}{suffix}.jsonl'
-
-
-def next_event_part(job_log_dir: epath.PathLike, host: int) -> int:
-  """The number of a new process's first part: one past the highest part of this host (counting them
-  would overwrite the newest part after a gap, e.g. a part removed by hand)."""
-  parts = [_EVENTS.fullmatch(p.name) for p in event_files(job_log_dir).get(host, [])]
-  return 1 + max((int(m.group(2)) for m in parts if m and m.group(2)), default=-1)
-
-
-def event_files(job_log_dir: epath.PathLike) -> dict[int, list[epath.Path]]:
-  """Host -> its event files in write order (the whole file, or its parts by number)."""
-  folder = autockpt_dir(job_log_dir)
-  if not folder.is_dir():
-    return {}
-  found: dict[int, list[tuple[int, epath.Path]]] = {}
-  for p in folder.iterdir():
-    m = _EVENTS.fullmatch(p.name)
-    if m:
-      found.setdefault(int(m.group(1)), []).append((int(m.group(2) or -1), p))
-  return {host: [p for _, p in sorted(parts)] for host, parts in sorted(found.items())}
 
 
 def host_log_path(job_log_dir: epath.PathLike, host: int) -> epath.Path:

@@ -123,13 +123,13 @@ def test_event_log_on_gcs_is_parts_of_bounded_size_read_back_in_order(gcs):
   again.write('start')
   again.flush()
   assert [e['event'] for e in events_lib.read(job, 3)][-2:] == ['save_started', 'start']
-  assert len(layout.event_files(job)[3]) == 4
+  assert len(events_lib.event_files(job)[3]) == 4
   # A gap (part 1 removed by hand): the next process starts part 4, it does not overwrite part 3.
   layout.events_path(job, 3, 1).unlink()
   third = events_lib.EventLog(job, host=3)
   third.write('exit')
   third.flush()
-  assert [p.name for p in layout.event_files(job)[3]] == [f'events.host3.{p:06d}.jsonl' for p in (0, 2, 3, 4)]
+  assert [p.name for p in events_lib.event_files(job)[3]] == [f'events.host3.{p:06d}.jsonl' for p in (0, 2, 3, 4)]
   assert [e['event'] for e in events_lib.read(job, 3)][-2:] == ['start', 'exit']
 
 
@@ -171,7 +171,7 @@ def test_event_log_locally_is_one_file_and_a_torn_line_is_salvaged(tmp_path):
   log.write('start', pid=2)
   records, bad = events_lib.parse(layout.events_path(tmp_path, 0).read_bytes())
   assert [r['event'] for r in records] == ['start', 'start'] and bad == 1
-  assert layout.event_files(tmp_path) == {0: [layout.events_path(tmp_path, 0)]}
+  assert events_lib.event_files(tmp_path) == {0: [layout.events_path(tmp_path, 0)]}
 
 
 def test_host_logs_of_a_gcs_job_are_local():
