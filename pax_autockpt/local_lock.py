@@ -1,8 +1,9 @@
 """One live job per local directory: an OS lock on `LOCAL_DIR/autockpt.lock`.
 
 Two jobs on one local directory (`/dev/shm/autockpt-{host}` is the same path for any two single-host jobs on a
-VM) would each remove the other's steps as leftovers, silently. So the local tier, before it touches the
-directory, takes an exclusive `flock` on the lock file and holds it for the life of the process; the kernel
+VM) would each remove the other's steps as leftovers, silently. So a run takes an exclusive `flock` on the
+lock file at start-up (pax_autockpt.precheck, ~1 s in, before paxml starts and before the job directory is
+touched; main for an experiment's AUTOCKPT_LOCAL_DIR) and holds it for the life of the process; the kernel
 releases it when the process ends, however it ends, so a SIGKILLed run never blocks its own restart. A second
 job finds it held and stops (exit 2, one line) naming the holder from what the holder wrote into the file.
 """
@@ -14,12 +15,11 @@ import os
 import socket
 import time
 
-from etils import epath
-
 from pax_autockpt import failures
 from pax_autockpt import settings as settings_lib
 
 LOCK_FILE = 'autockpt.lock'
+PathLike = str | os.PathLike  # not etils.epath's: this module is imported before paxml, at start-up (~0.3 s)
 _held: dict[str, int] = {}  # real path -> the open descriptor holding its lock (for the life of the process)
 
 
@@ -27,7 +27,7 @@ class InUse(settings_lib.ConfigError):
   """The local directory is held by another live process: the run exits 2 in one line naming it."""
 
 
-def hold(folder: epath.PathLike, job_log_dir: epath.PathLike, host: int) -> None:
+def hold(folder: PathLike, job_log_dir: PathLike, host: int) -> None:
   """Makes `folder` and holds its lock until this process ends; InUse when another live process holds it,
   ConfigError when the directory cannot be made or its lock file opened. Once per process and directory
   (a process's local tier may be set up again: it is still the same job)."""
@@ -51,7 +51,7 @@ def hold(folder: epath.PathLike, job_log_dir: epath.PathLike, host: int) -> None
   _held[path] = fd
 
 
-def busy_line(folder: epath.PathLike, holder: dict, job_log_dir: str, host: int) -> str:
+def busy_line(folder: PathLike, holder: dict, job_log_dir: str, host: int) -> str:
   """Who holds `folder` (as it wrote, possibly nothing yet) and the fix: another host of this same job means
   `{host}` is missing from the path; anything else is another job."""
   since = holder.get('since')

@@ -70,6 +70,7 @@ from pax_autockpt import experiment_names
 from pax_autockpt import failures
 from pax_autockpt import hosts
 from pax_autockpt import layout
+from pax_autockpt import local_lock
 from pax_autockpt import mesh
 from pax_autockpt import outcomes
 
@@ -118,6 +119,11 @@ def _check_local_dir(local_dir: str, experiment: str, wiring: hosts.Wiring) -> N
       name='--autockpt_local_dir' if given else f'{experiment}.AUTOCKPT_LOCAL_DIR')
   if problem:
     _fail(problem)
+  if local_dir:  # held from now on (a no-op where precheck took it): a second live job stops here, exit 2
+    try:
+      local_lock.hold(local_dir.replace('{host}', str(wiring.host_idx or 0)), FLAGS.job_log_dir, wiring.host_idx or 0)
+    except settings_lib.ConfigError as e:
+      _fail(str(e))
 
 
 class _RegistrationsUnprinted:

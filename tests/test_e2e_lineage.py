@@ -3,19 +3,22 @@ and exit, forked ones for the runs that only set the scene; real signals, local 
 local-tier step restores only into its own job and lineage, the freshest copy is decided again when a
 checkpoint is set aside, and a restored local step the job directory lacks is never stranded.
 
-One job, six process starts, each a case of issue 38 that today's main got wrong:
-1. train with the local tier past the job directory's checkpoint 400; SIGKILL;
+One job, six process starts and two short ones, each a case of issue 38 or 46 that main once got wrong:
+1. train with the local tier past the job directory's checkpoint 400; SIGKILL; then a fork of the job (its
+   directory copied, as `cp -r` copies it) on the same local directory is another job for the local tier: it
+   restores its own copy of checkpoint 400, not the original's local steps grown from that same checkpoint;
+   and while it runs, a second live job on that local directory exits 2 in one line naming the holder;
 2. the user rolls back (deletes checkpoint 400): the restart restores 200, not the local step grown from 400;
    it trains on to a new 400 and past it, SIGTERM: an on-demand checkpoint S;
 3. S's largest chunk is cut to a third (a crash before the data reached the disk; S is a raw on-demand save):
    the restart finds the evidence, sets S aside and restores the newest local step (newer than 400), not
    400; a SIGTERM during that restore saves the local step to the job directory before exiting 143;
 4. the VM is replaced (local directory gone): the rerun resumes from that step; a SIGTERM during its first
-   compile (no compilation cache) exits 143 at once, nothing trained; the next run trains to the end;
-5. a new job on the same local directory starts fresh, not from the first job's local steps.
+   compile (no compilation cache) exits 143 at once, nothing trained; the next run trains to the end.
 """
 
 import glob
+import json
 import os
 import re
 import shutil
@@ -66,6 +69,45 @@ def _started(job_dir, runs_before, job):
                             0.1, job)
 
 
+def _holder(folder):
+  """What the live holder of a local directory wrote into its lock file ({} until written)."""
+  try:
+    with open(os.path.join(folder, 'autockpt.lock')) as f:
+      return json.loads(f.read() or '{}')
+  except (OSError, ValueError):
+    return {}
+
+
+def _fork_is_another_job(jobs, tmp_path, job_dir, local, grown_from_400):
+  """The job directory copied to `fork` and run on the same local directory (the original's local steps set
+  aside and put back after): it restores its own checkpoint 400 and names the original's steps as another job's.
+  While it holds the directory, a second job started on it exits 2 in one line, before writing anything."""
+  fork, aside, intruder_dir = str(tmp_path / 'fork'), tmp_path / 'local-aside', str(tmp_path / 'intruder')
+  shutil.copytree(job_dir, fork)
+  shutil.copytree(local, aside)
+  run = _start(jobs, tmp_path, 'fork', fork, fresh=False)
+  process.wait_until(lambda: _holder(local).get('job_log_dir') == fork, 'the fork holding the local directory',
+                     120, 0.05, run)
+  intruder = _start(jobs, tmp_path, 'intruder', intruder_dir, fresh=False)
+  assert intruder.wait(60) == 2, intruder.log()[-3000:]
+  assert [line for line in intruder.log().splitlines() if line.strip()] == [
+      f'error: --autockpt_local_dir {local} is held by a live process (pid {run.pid} on {_holder(local)["machine"]}, '
+      f'job directory {fork}, host 0, since {_since(_holder(local))}); one local directory serves one job at a '
+      'time: give this job its own --autockpt_local_dir, or stop the other'], intruder.log()
+  assert not os.path.exists(intruder_dir)
+  start = _started(fork, 1, run)  # the original's first start came along with the copy
+  assert (start['restored_step'], start['restored_from']) == (400, 'bucket'), run.log()[-3000:]
+  assert f'local step {grown_from_400} is not offered for the restore: written by another job' in run.log()
+  run.send(signal.SIGTERM)
+  assert run.wait(120) in (0, 143), run.log()[-3000:]
+  shutil.rmtree(local)
+  shutil.move(aside, local)
+
+
+def _since(holder):
+  return time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(holder['since']))
+
+
 def _truncate_largest_chunk(step_path):
   """Cuts the checkpoint's largest array chunk to a third; returns it as `array/chunk`."""
   chunks = [p for p in glob.glob(os.path.join(step_path, 'state', '*', '*')) if not os.path.basename(p).startswith('.')]
@@ -86,6 +128,7 @@ def test_a_local_step_restores_only_into_its_job_and_lineage_and_is_never_strand
   run.kill()
   grown_from_400 = layout.local_committed_steps(local)[-1]
   assert checkpoint_steps(job_dir)[0] == [0, 200, 400] and grown_from_400 > 400
+  _fork_is_another_job(jobs, tmp_path, job_dir, local, grown_from_400)
 
   # 2. A rollback: checkpoint 400 deleted. The restart restores 200 and names the local step it passes over.
   shutil.rmtree(layout.step_dir(ckpt, 400))
@@ -143,14 +186,3 @@ def test_a_local_step_restores_only_into_its_job_and_lineage_and_is_never_strand
   start = _started(job_dir, 4, run)
   assert (start['restored_step'], start['restored_from']) == (newest_local, tier)
   assert checkpoint_steps(job_dir)[0][-1] == 600
-
-  # 5. Another job on the same local directory: a fresh start, the first job's steps named and passed over.
-  theirs = layout.local_committed_steps(local)[-1]
-  other = str(tmp_path / 'other-job')
-  run = _start(jobs, tmp_path, 'run5', other, fresh=False)
-  start = _started(other, 0, run)
-  run.send(signal.SIGTERM)
-  assert run.wait(120) == 143, run.log()[-3000:]
-  assert (start['restored_step'], start['restored_from']) == (None, None)
-  assert f'local step {theirs} is not offered for the restore: written by another job' in run.log()
-  assert os.path.exists(layout.job_id_path(other))

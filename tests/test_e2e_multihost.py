@@ -22,13 +22,14 @@ pytestmark = pytest.mark.e2e
 EXP = 'experiments.lm_cloud_autockpt.LmCloudSpmdTinyMultisliceAutockpt'
 CLI = [sys.executable, '-m', 'pax_autockpt.tools.cli']
 HOST_1_WIDER = 'tests.e2e_experiments.TinyModelParallelHost1Wider'
+EVAL_TWO_HOSTS = 'pax_autockpt.tools.bench_experiments.TinySlowEvalModelParallel'
 CTRL_C_LINE = '[autockpt] Ctrl-C: saving at the step every host agrees on'
 
 
-def _launch(jobs, job_dir, log, num_hosts, *extra, exp=EXP, host_flags=()):
+def _launch(jobs, job_dir, log, num_hosts, *extra, exp=EXP, host_flags=(), env=None):
   argv = [*CLI, 'launch', f'--num_hosts={num_hosts}', *extra, '--', f'--exp={exp}',
           f'--job_log_dir={job_dir}', *host_flags]
-  job = forkserver.job(argv, log)  # not forked: the launcher starts its hosts itself
+  job = forkserver.job(argv, log, env=env)  # not forked: the launcher starts its hosts itself
   jobs.append(job)
   return job
 
@@ -167,8 +168,10 @@ def test_bad_wiring_exits_2_with_one_line():
 def test_restore_decisions_agreed_across_hosts_and_verified_on_another_topology(jobs, job_dir, tmp_path):
   """One slice over 2 hosts (each writes its half of every sharded array), five process starts, two of
   them ended by Ctrl-C:
-  1. 2 hosts train; Ctrl-C (SIGINT) to host 1 only: both save the same step and exit 130. A byte flips in
-     a shard only host 1 wrote.
+  1. 2 hosts train to step 100 and start a 2-minute eval (4,000 paced batches, each a collective over both
+     hosts, `--eval_on_test`, 60 s of grace); a few batches in, Ctrl-C (SIGINT) to host 1 only: both stop
+     before the same eval batch, save step 100 and exit 130 inside the budget (issue 45: a preemption wherever
+     the loop is). A byte flips in a shard only host 1 wrote.
   2. 2 hosts: host 1's check finds it, both hosts skip that checkpoint and restore the same one; SIGTERM
      to the launcher after a step: forwarded, the same new step on both, 143.
   3. A config slip on host 1 only: both exit 2 with host 1's line, nothing moved.
@@ -179,11 +182,25 @@ def test_restore_decisions_agreed_across_hosts_and_verified_on_another_topology(
      terminal's Ctrl-C (SIGINT to the launcher's process group) reaches each host once, through the
      launcher; nothing trained since the restore, so nothing new is saved, and all exit 130."""
   exp = 'pax_autockpt.tools.bench_experiments.TinyModelParallelAutockpt'
-  first = _launch(jobs, job_dir, str(tmp_path / 'launch1.log'), 2, exp=exp)
-  _wait_training(job_dir, 1, first)
+  first = _launch(jobs, job_dir, str(tmp_path / 'launch1.log'), 2, exp=EVAL_TWO_HOSTS,
+                  host_flags=('--eval_on_test', '--autockpt_grace_secs=60'),
+                  env={**os.environ, 'AUTOCKPT_PACED_EVAL_SLEEP_S': '0.03'})  # ~2 minutes of eval
+  for host in (0, 1):
+    path = os.fspath(layout.host_log_path(job_dir, host))
+    process.wait_until(lambda p=path: 'Finished eval step 3 for' in process.text_of(p), f'eval on host {host}',
+                       240, job=first)
+  time.sleep(1.0)
   os.kill(events_lib.read(job_dir, 1)[0]['pid'], signal.SIGINT)  # host 1 only
+  sent = time.time()
   assert first.wait(180) == 130, first.log()[-3000:]
+  took = time.time() - sent
   step = _assert_all_preempted_at_same_step(job_dir, 2, restored=None, code=130, signal_name='SIGINT')
+  found = [next(e for e in _run_events(job_dir, h) if e['event'] == 'preemption') for h in (0, 1)]
+  assert step == 100 and took < 60, (step, took)
+  assert [(f['during'], f['agreed_during']) for f in found] == [('eval', 'eval')] * 2, found
+  assert found[0]['batch'] == found[1]['batch'] > 3, found
+  assert found[1]['signal_at'] is not None and found[0]['signal_at'] is None  # host 0 learned it from host 1
+  print(f'2 hosts, Ctrl-C to host 1 mid-eval -> launcher exit {took:.2f} s, both before batch {found[0]["batch"]}')
   assert 'host 0 exit code 130' in first.log() and 'host 1 exit code 130' in first.log()
   assert first.log().count(CTRL_C_LINE) == 1 and 'KeyboardInterrupt' not in first.log()  # host 1's line only
   name, shard = damage.flip_a_byte(layout.step_dir(layout.checkpoint_dir(job_dir), step), host=1)

@@ -17,10 +17,12 @@ import pytest
 
 from pax_autockpt import events as events_lib
 from pax_autockpt import executor as executor_lib
+from pax_autockpt import experiment_names
 from pax_autockpt import layout
 from pax_autockpt import lineage as lineage_lib
 from pax_autockpt import local_lock
 from pax_autockpt import local_saves
+from pax_autockpt import precheck
 from pax_autockpt import settings as settings_lib
 from tests import fakes
 
@@ -190,6 +192,15 @@ def test_a_second_live_job_on_a_local_directory_is_refused_and_a_sigkilled_one_n
   other.wait()
   _saves(folder, tmp_path / 'job')  # the dead holder's lock went with it
   assert f'"pid": {os.getpid()}' in (folder / local_lock.LOCK_FILE).read_text()
+
+
+def test_a_run_on_a_held_local_directory_is_refused_at_start_up_before_paxml_and_the_job_directory(tmp_path, holder):
+  """precheck takes the lock ~1 s into the run: a second job costs no paxml start-up and writes nothing."""
+  other = holder(tmp_path / 'local-0', '/jobs/other')
+  with pytest.raises(local_lock.InUse) as refused:
+    precheck.run(['main', f'--exp={experiment_names.EXAMPLE}', f'--job_log_dir={tmp_path}/job',
+                  f'--autockpt_local_dir={tmp_path}/local-{{host}}'])
+  assert f'(pid {other.pid} on ' in str(refused.value) and not (tmp_path / 'job').exists()
 
 
 def test_the_holder_named_as_another_host_of_this_job_means_host_is_missing_from_the_path():

@@ -145,4 +145,4 @@ def test_several_hosts_on_one_machine_need_host_in_the_local_dir(tmp_path):
   precheck.run(['main', TINY, JOB, *wiring, f'--autockpt_local_dir={tmp_path}/local-{{host}}'])
   precheck.run(['main', TINY, JOB, '--host_idx=1', '--num_hosts=2', '--server_addr=10.0.0.2:8476',
                 f'--autockpt_local_dir={tmp_path}/local'])  # hosts on other machines: each its own disk
-  assert not os.listdir(tmp_path)  # nothing made
+  assert sorted(os.listdir(tmp_path)) == ['local', 'local-1']  # made and held by this process from now on
