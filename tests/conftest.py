@@ -78,7 +78,7 @@ _SLOWEST_FIRST = ('test_e2e_gcs.py', 'test_e2e_multihost.py', 'test_readme_tutor
                   'test_e2e_exact_resume.py', 'test_e2e_anywhere.py',
                   'test_soak.py',
                   'test_e2e_single_host.py',
-                  'test_e2e_continuous.py', 'test_e2e_notices.py',
+                  'test_e2e_continuous.py',
                   'test_e2e_restore_fallback.py', 'test_e2e_policies.py', 'test_e2e_disk_full.py',
                   'test_bad_input.py')
 

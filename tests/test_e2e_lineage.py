@@ -181,7 +181,7 @@ def test_a_local_step_restores_only_into_its_job_and_lineage_and_is_never_strand
   # Run 4a's first iteration began a local copy of the step it restored; where it committed before the exit,
   # it is as new as the job directory's and restores faster.
   tier = 'local' if newest_local in layout.local_committed_steps(local) else 'bucket'
-  run = _start(jobs, tmp_path, 'run4', job_dir)
+  run = _start(jobs, tmp_path, 'run4', job_dir, fresh=False)
   assert run.wait(300) == 0, run.log()[-3000:]
   start = _started(job_dir, 4, run)
   assert (start['restored_step'], start['restored_from']) == (newest_local, tier)

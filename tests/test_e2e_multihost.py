@@ -10,12 +10,16 @@ import time
 import pytest
 
 from pax_autockpt import events as events_lib
+from pax_autockpt import hosts
 from pax_autockpt import layout
+from pax_autockpt.tools import fake_metadata
+from pax_autockpt.tools import launcher
 from pax_autockpt.tools import process
 from tests import damage
 from tests import forkserver
 from tests.conftest import assert_restorable
 from tests.conftest import checkpoint_steps
+from tests.conftest import events_of
 
 pytestmark = pytest.mark.e2e
 
@@ -24,6 +28,12 @@ CLI = [sys.executable, '-m', 'pax_autockpt.tools.cli']
 HOST_1_WIDER = 'tests.e2e_experiments.TinyModelParallelHost1Wider'
 EVAL_TWO_HOSTS = 'pax_autockpt.tools.bench_experiments.TinySlowEvalModelParallel'
 CTRL_C_LINE = '[autockpt] Ctrl-C: saving at the step every host agrees on'
+
+
+@pytest.fixture
+def metadata(tmp_path):
+  with fake_metadata.FakeMetadataServer(str(tmp_path / 'metadata')) as server:
+    yield server
 
 
 def _launch(jobs, job_dir, log, num_hosts, *extra, exp=EXP, host_flags=(), env=None):
@@ -82,36 +92,76 @@ def _assert_all_preempted_at_same_step(job_dir, num_hosts, restored, code=143, s
   return step
 
 
-def test_two_hosts_continuous_save_the_same_steps_then_sigkill_of_one_makes_the_other_exit_within_the_bound(
-    jobs, job_dir, tmp_path):
-  """2 hosts saving back to back (continuous, keep the latest 3) start the same saves at the same steps,
-  and only the primary deletes. Then host 1 is killed while a background save is in flight (the kill
-  follows a save start): host 0's save thread waits at a coordination-service barrier, and nothing may wait
-  past the launcher's bound."""
-  job = _launch(jobs, job_dir, str(tmp_path / 'launch.log'), 2, '--peer_exit_secs=60',
-                host_flags=('--autockpt_continuous', '--autockpt_keep_latest=3'))
+def _committed_notice(job_dir, job, after, host):
+  """(notice event, its save's commit event) on `host` for the first notice stamped after `after`."""
+  def find():
+    evs = events_lib.read(job_dir, host)
+    notice = next((e for e in evs if e['event'] == 'notice' and e['t'] >= after), None)
+    commit = notice and next((e for e in evs if e['event'] == 'save_committed' and e['step'] == notice['step']),
+                             None)
+    return (notice, commit) if commit else None
+  return process.wait_until(find, f'a committed notice save on host {host}', 60, 0.05, job)
+
+
+def _notices_on_host_1(job_dir, host_jobs, metadata) -> list[int]:
+  """Each maintenance notice (MIGRATE, then TERMINATE) that only host 1's VM gets is saved by both hosts at one
+  agreed step, within seconds; returns the two steps."""
+  saves = []
+  for value in ('MIGRATE_ON_HOST_MAINTENANCE', 'TERMINATE_ON_HOST_MAINTENANCE'):
+    time.sleep(2.0)
+    sent = time.time()
+    metadata.set('maintenance-event', value)
+    found = [_committed_notice(job_dir, host_jobs[h], sent, h) for h in (0, 1)]
+    notices = [notice for notice, _ in found]
+    took = max(commit['t'] for _, commit in found) - sent
+    print(f'{value}: notice on host 1 -> step {notices[0]["step"]} committed on both in {took:.2f} s')
+    assert notices[0]['step'] == notices[1]['step'] and notices[0]['seen_by'] == notices[1]['seen_by'] == 1
+    # The figure is the bench's (notices scenario); here only a bound that catches a notice left waiting.
+    assert notices[1]['value'] == value and took < 10.0
+    saves.append(notices[0]['step'])
+    metadata.set('maintenance-event', 'NONE')
+  return saves
+
+
+def test_two_hosts_continuous_and_notices_on_host_1_then_sigkill_of_one_makes_the_other_exit_at_once(
+    jobs, job_dir, tmp_path, metadata):
+  """2 hosts saving back to back (continuous, keep the latest 3), each started as `launch` starts it, only host
+  1's VM reading a metadata server that gives maintenance notices:
+  1. each notice (MIGRATE, then TERMINATE) is saved by both hosts at one agreed step, and training and the
+     continuous saves go on after each;
+  2. both start the same saves at the same steps, and only the primary deletes;
+  3. host 1 is SIGKILLed while a background save is in flight (the kill follows a save start): host 0's save
+     thread waits at a coordination-service barrier, and host 0 must end by itself (no launcher here to end
+     it), with a failure code, at once."""
+  port, flags = hosts.free_loopback_port(), ('--autockpt_continuous', '--autockpt_keep_latest=3')
+  cfg = launcher.LaunchConfig(num_hosts=2, args=(f'--exp={EXP}', f'--job_log_dir={job_dir}', *flags))
+  for host in (0, 1):
+    env = {**launcher.host_env(), **({'GCE_METADATA_HOST': metadata.host} if host == 1 else {})}
+    jobs.append(forkserver.job(launcher.host_argv(cfg, host, port), str(tmp_path / f'host{host}.log'), env=env))
+  host0, host1 = jobs[-2:]
+  host1.wait_for_log(r'\[autockpt\] notices: watching', timeout=300)
+  host1.wait_for_log(r'summary tensor at step=100 ', timeout=300)  # past the first summaries' compilation
+  notices = _notices_on_host_1(job_dir, (host0, host1), metadata)
   saves_on_1 = lambda: [e['step'] for e in events_lib.read(job_dir, 1) if e['event'] == 'save_started']
-  process.wait_until(lambda: len(saves_on_1()) >= 6, '6 saves on host 1', every=0.2, job=job)
+  process.wait_until(lambda: len([s for s in saves_on_1() if s > notices[1]]) >= 3, '3 saves after the notices',
+                     120, 0.2, host1)
   saves = len(saves_on_1())
-  process.wait_until(lambda: len([e for e in events_lib.read(job_dir, 1) if e['event'] == 'save_started']) > saves,
-                     'a save started on host 1', 60, 0.01, job)
-  pid1 = events_lib.read(job_dir, 1)[0]['pid']
-  killed = time.time()
-  os.kill(pid1, signal.SIGKILL)
-  code = job.wait(120)
+  process.wait_until(lambda: len(saves_on_1()) > saves, 'a save started on host 1', 60, 0.01, host1)
+  killed = host1.send(signal.SIGKILL)
+  code = host0.wait(120)
   took = time.time() - killed
-  assert code != 0 and code != 143, job.log()[-3000:]
-  assert 'host 1 exit code 137' in job.log()
-  host0 = [line for line in job.log().splitlines() if line.startswith('[launch] host 0 exit code')]
-  assert host0 and not host0[0].endswith(' 0') and not host0[0].endswith(' 143')
-  assert took < 65, f'peers took {took:.1f} s to go after a SIGKILL'
-  print(f'SIGKILL of host 1 -> launcher exit {code} after {took:.2f} s')
+  assert code not in (0, 143) and took < 65, (code, took, host0.log()[-3000:])
+  print(f'SIGKILL of host 1 -> host 0 exit {code} after {took:.2f} s')
   steps = [[e['step'] for e in events_lib.read(job_dir, h) if e['event'] == 'save_started'] for h in (0, 1)]
   assert len(steps[1]) >= 6 and steps[1] == steps[0][:len(steps[1])] and len(steps[0]) - len(steps[1]) <= 1, steps
+  for host in (0, 1):
+    assert [e['reason'] for e in events_of(job_dir, 'save_started', host=host) if e['step'] in notices] == \
+        ['notice'] * 2
   assert [e for e in events_lib.read(job_dir, 1) if e['event'] == 'deleted'] == []  # the primary deletes
   assert [e for e in events_lib.read(job_dir, 0) if e['event'] == 'deleted']
   complete, _ = checkpoint_steps(job_dir)
   assert 1 <= len(complete) <= 3 and set(complete) <= set(steps[0]), (complete, steps)  # what was committed stays
+  assert complete[-1] > notices[1] > notices[0]  # training and saving went on after each notice
   assert_restorable(job_dir, complete[-1])
 
 
