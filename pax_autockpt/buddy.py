@@ -97,7 +97,8 @@ class BuddyCopies:
     self._client.key_value_set(f'{_KEY}{self._host}', json.dumps(published))
     if self.serving:
       logging.info('[autockpt] buddy copies: this host keeps host %d\'s newest local step in %s (at most %.0f MB/s); '
-                   'host %d keeps this host\'s.', self.owner, self.kept, self._rate / 1e6, self._keeper)
+                   'host %d keeps this host\'s; serving on %s:%d.', self.owner, self.kept, self._rate / 1e6,
+                   self._keeper, *published['address'])
 
   def committed(self, step: int) -> None:
     """Every host committed local `step` (a local commit waits for every host's part): serve this host's,

@@ -17,8 +17,8 @@ formats_<storage> (zarr vs OCDBT), notices_<size> (notice -> committed), notices
 (start-up with notices auto and no server vs off), checksums (the manifest's cost), verification
 (restore + manifest check vs restore), adaptive (the self-set interval against the Young/Daly
 optimum), localtier_<size>_<storage> (an unplanned kill: training lost and the restore, local tier every
-1 s against bucket-only continuous), localstep (step time with the local tier every 1 s vs off),
-nice_<storage> (continuous saving with its threads at the default nice vs 0), tinyfloor (the tiny on-demand
+1 s against bucket-only continuous), localstep (step time with the local tier at its default cadence vs
+off), nice_<storage> (continuous saving with its threads at the default nice vs 0), tinyfloor (the tiny on-demand
 save against orbax 0.5.9 saving the same arrays alone: the fixed cost's floor),
 peertransfer_<size> (a committed local step of the Medium / Large state's bytes streamed between 2 local
 processes by peer_transfer vs a raw loopback socket copy + fsync of the same bytes, and each side's peak RSS
@@ -27,11 +27,13 @@ decision's protocol at 8 to 1,024 simulated hosts, no model; not in the default 
 planscale (the restart's local-tier plan at 8 to 1,024 simulated hosts, one host's share from a buddy copy
 vs every host its own; pure Python, ~15 s; see plan_scale.py), buddystep_<size> (step time of a 2-host job
 whose model is split over both hosts, local tier every 10 s, with buddy copies vs without; _cap<MB/s>: the
-copies capped at that rate, e.g. buddystep_Medium_cap30) and
+copies capped at that rate, e.g. buddystep_Medium_cap30),
 buddyrelaunch_<size> (relaunch -> first step with host 1's local directory gone, its share from host 0's
-buddy copy, vs every directory intact); see buddy.py; not in the default set: ~25 and ~15 minutes at Medium:
+buddy copy, vs every directory intact) and buddyflood_<size> (host 0's step time, RSS growth, local commits and
+host 1's copies of them in a 20 s window with a stranger's flood against host 0's buddy server vs undisturbed;
+Tiny ~20 minutes at 5 pairs, start-ups mostly); see buddy.py; not in the default set: ~25 and ~15 minutes at Medium:
 
-  python -m pax_autockpt.tools.bench --only buddystep_Medium,buddyrelaunch_Medium
+  python -m pax_autockpt.tools.bench --only buddystep_Medium,buddyrelaunch_Medium,buddyflood_Tiny
 """
 
 import argparse
@@ -53,7 +55,8 @@ DEFAULT = ('tiny_local,tiny_gcs0,tiny_gcs30,ondemand_Medium_local,ondemand_Large
            'notices_Medium,noticestart,checksums,verification,adaptive,ondemandzstd_Large_local,ondemandzstd_Medium_gcs30,'
            'inflight_Large_gcs30,localtier_Medium_gcs30,localstep,tinyfloor,nice_local,peertransfer_Medium,planscale,'
            'anywhere')
-ON_DEMAND = 'decision_scale,peertransfer_Large,buddystep_Medium,buddyrelaunch_Medium'  # long: run with --only
+ON_DEMAND = ('decision_scale,peertransfer_Large,buddystep_Medium,buddyrelaunch_Medium,'  # long: run with --only
+             'buddyflood_Tiny')
 
 
 def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
@@ -109,8 +112,10 @@ def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
   if kind == 'planscale':
     from pax_autockpt.tools.bench import plan_scale  # pylint: disable=g-import-not-at-top
     return plan_scale.plan_scale(args.pairs)
-  if kind in ('buddystep', 'buddyrelaunch'):
+  if kind in ('buddystep', 'buddyrelaunch', 'buddyflood'):
     from pax_autockpt.tools.bench import buddy  # pylint: disable=g-import-not-at-top
+    if kind == 'buddyflood':
+      return buddy.buddy_flood(storage, rest[0], args.pairs)
     if kind == 'buddystep':  # buddystep_<size>[_cap<MB/s>]
       cap = float(rest[1][3:]) if len(rest) > 1 and rest[1].startswith('cap') else None
       return buddy.buddy_step_time(storage, rest[0], args.pairs, max(args.secs, buddy.STEP_SECS), cap)

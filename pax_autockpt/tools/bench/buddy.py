@@ -1,4 +1,5 @@
-"""Bench scenarios `buddystep_<size>` and `buddyrelaunch_<size>`: buddy copies on a real 2-host job (issue 39).
+"""Bench scenarios `buddystep_<size>`, `buddyrelaunch_<size>`, `buddyflood_<size>`: buddy copies on a real 2-host
+job (issues 39, 46).
 
 Both train bench_experiments.<size>ModelParallelAutockpt under `pax-autockpt launch --num_hosts=2`: the model
 split over both hosts (one slice, no data-parallel replica: the case buddy copies are for), the local tier on
@@ -14,18 +15,27 @@ this machine's disk every 10 s, Pax's interval never due.
   share is streamed from the buddy copy host 0 keeps) or (b) all of them, alternating; each relaunch is timed
   from the launcher's start to host 0's first training step, and must restore the local step expected.
 
+- `buddyflood_<size>`: the same job with buddy copies, each run's window of FLOOD_SECS (the local tier every
+  1 s) with a stranger's flood against host 0's buddy server (pax_autockpt.tools.bench.flood, a process of its
+  own: silent, trickling and huge-headed connections and GETs without the secret) or undisturbed, alternating;
+  host 0's step time (between the local commits seen in the window), its RSS growth over the window's start,
+  the local commits it made and host 1's copies of them in the window (issue 46).
+
 Hosts are SIGKILLed by pid before their launcher: a launcher that dies first has its hosts SIGTERMed (they save
 and exit 143), and a host still saving would slow the next run.
 """
 
 import contextlib
+import json
 import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import time
 
+from pax_autockpt import events as events_lib
 from pax_autockpt import layout
 from pax_autockpt.tools import process
 from pax_autockpt.tools.bench import measure
@@ -87,12 +97,12 @@ def _local_dirs(storage: Storage, base: str) -> list[str]:
 
 
 def _launch(storage: Storage, size: str, name: str, job_dir: str, base: str, buddy: bool,
-            *flags: str) -> process.Job:
-  """The 2-host job, its local tier every 10 s in `base`'s folders, with or without buddy copies."""
+            *flags: str, interval: float = 10) -> process.Job:
+  """The 2-host job, its local tier every `interval` s in `base`'s folders, with or without buddy copies."""
   local = os.path.join(storage.workdir, f'{base}-local-{{host}}')
   argv = [sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', f'--num_hosts={HOSTS}', '--',
           f'--exp={_B}{size}ModelParallelAutockpt', f'--job_log_dir={job_dir}', '--autockpt_notices=off',
-          f'--autockpt_local_dir={local}', '--autockpt_local_min_interval_secs=10',
+          f'--autockpt_local_dir={local}', f'--autockpt_local_min_interval_secs={interval:g}',
           *(('--autockpt_local_buddy',) if buddy else ()), *flags]
   return process.Job(argv, os.path.join(storage.workdir, f'{name}.log'), env=storage.env())
 
@@ -286,3 +296,103 @@ def _relaunch_figures(size: str, got: dict[str, list[dict]]) -> list[Figure]:
       Figure(f'local step restored (read back, placed on the mesh), host 1\'s directory gone vs intact, {where}', 's',
              per(gone, 'restore'), per(intact, 'restore'), 'every local directory intact'),
   ]
+
+
+# --- buddyflood --------------------------------------------------------------------------------------
+
+FLOOD_SECS = 20.0  # the measured window: 12-18 local commits on Tiny here (at most one a second)
+_SERVING = re.compile(r'buddy copies: this host keeps host \d+\'s newest local step in .*; serving on (\S+):(\d+)\.')
+
+
+def _newest(folder: str) -> int | None:
+  steps = layout.local_committed_steps(folder)
+  return steps[-1] if steps else None
+
+
+def _rss_mb(pid: int) -> float:
+  with open(f'/proc/{pid}/status') as f:
+    return int(next(line for line in f if line.startswith('VmRSS:')).split()[1]) / 1024
+
+
+def window(pid: int, local: list[str], secs: float, every: float = 0.1) -> dict[str, float]:
+  """Host 0 sampled every `every` s for `secs`: its step time between the first and the last local commit
+  first seen in the window (a commit's directory appears a constant time after its capture), its RSS growth
+  over the window's start (MB), the local commits seen and host 1's copies of them."""
+  start_rss, peak, seen, copies = _rss_mb(pid), 0.0, {}, set()
+  before, kept_before = _newest(local[0]), _newest(layout.local_buddy_dir(local[1]))
+  end = time.monotonic() + secs
+  while time.monotonic() < end:
+    peak = max(peak, _rss_mb(pid))
+    step, kept = _newest(local[0]), _newest(layout.local_buddy_dir(local[1]))
+    if step not in (None, before):
+      seen.setdefault(step, time.monotonic())
+    copies |= {kept} - {None, kept_before}
+    time.sleep(every)
+  steps = sorted(seen)
+  span = (seen[steps[-1]] - seen[steps[0]]) / (steps[-1] - steps[0]) if len(steps) > 1 else float('nan')
+  return dict(step=span * 1e3, rss=peak - start_rss, commits=len(steps), copies=len(copies))
+
+
+@contextlib.contextmanager
+def _flood(address: tuple[str, str] | None, secs: float, counts: dict):
+  """The stranger's flood against `address` for `secs` (None: none) in a process of its own; its counts
+  into `counts` after."""
+  if address is None:
+    yield
+    return
+  argv = [sys.executable, '-m', 'pax_autockpt.tools.bench.flood', *address, f'{secs:g}']
+  flood = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+  try:
+    yield
+    out, _ = flood.communicate(timeout=secs + 60)
+    counts.update(json.loads(out.strip().splitlines()[-1]))
+  finally:
+    flood.kill()
+    flood.wait()
+
+
+def _host0_pid(job_dir: str) -> int | None:
+  starts = [e for e in events_lib.read(job_dir, 0) if e['event'] == 'start']
+  return starts[-1]['pid'] if starts else None
+
+
+def _flood_run(storage: Storage, size: str, name: str, secs: float, flooded: bool) -> dict[str, float]:
+  """One run with buddy copies, the local tier every 1 s: once host 1 holds a copy of host 0's step (host
+  0's server works), a window of `secs`, flooded or not; SIGKILLed after."""
+  job_dir, local = storage.job_dir(name), _local_dirs(storage, name)
+  job = _launch(storage, size, name, job_dir, name, True, interval=1)
+  host0, counts = _host_logs(job_dir)[0], {}
+  try:
+    found = process.wait_until(lambda: _SERVING.search(process.text_of(host0)), f'host 0 serving, {name}', 900, 0.5,
+                               job)
+    process.wait_until(lambda: _newest(layout.local_buddy_dir(local[1])), f'a buddy copy, {name}', 900, 0.2, job)
+    pid = process.wait_until(lambda: _host0_pid(job_dir), f'host 0\'s start event, {name}', 60, 0.2, job)
+    with _flood(found.group(1, 2) if flooded else None, secs, counts):
+      got = window(pid, local, secs)
+  finally:
+    _kill(job)
+  storage.clean(job_dir)
+  for folder in local:
+    shutil.rmtree(folder, ignore_errors=True)
+  if flooded:
+    measure.say(f'{name}: the flood\'s counts {counts}')
+  return got
+
+
+def buddy_flood(storage: Storage, size: str, pairs: int, secs: float = FLOOD_SECS) -> list[Figure]:
+  """Host 0's step time, RSS growth and local commits in a window with a stranger's flood against its buddy
+  server vs undisturbed, alternating."""
+  got = {'flooded': [], 'undisturbed': []}
+  for i in range(pairs):
+    for arm in got:
+      got[arm].append(_flood_run(storage, size, f'buddyflood-{size}-{arm}-{i}', secs, arm == 'flooded'))
+    measure.say(f'buddyflood {size} #{i}: flooded {got["flooded"][-1]}, undisturbed {got["undisturbed"][-1]}')
+  where = f'{size} split over 2 local hosts, buddy copies, local tier every 1 s, a {secs:.0f} s window, {storage.name}'
+  per = lambda arm, key: [r[key] for r in got[arm]]
+  pair = lambda key: (per('flooded', key), per('undisturbed', key), 'undisturbed')
+  return [Figure(f'host 0 step time, a stranger\'s flood on its buddy server vs undisturbed, {where}', 'ms',
+                 *pair('step')),
+          Figure(f'host 0 RSS growth over the window, flooded vs undisturbed, {where}', 'MB', *pair('rss')),
+          Figure(f'host 0 local commits in the window, flooded vs undisturbed, {where}', 'commits', *pair('commits')),
+          Figure(f'host 1\'s buddy copies of host 0\'s steps (from the flooded server) in the window, flooded vs '
+                 f'undisturbed, {where}', 'copies', *pair('copies'))]
