@@ -62,6 +62,7 @@ class AutockptCheckpointer:
     """`end(stop)`: how the process ends when the exit was taken outside the main thread (pax_autockpt.rescue);
     without it (tests) there is no rescue."""
     self._inner = inner
+    self.restore_s: float | None = None  # this run's restore, for the `start` event (None: nothing restored)
     self.phases = phases_lib.LoopPhases()  # where the main thread is: the executor instruments Pax's programs
     self.phases.on_point(self._point)
     self._loop_items: dict[str, Any] = {}  # what save_if_needed got besides the state (the same every step)
@@ -163,7 +164,10 @@ class AutockptCheckpointer:
   def get_model_states(self, partitioner, metadata, root_prng_key, train_input_pipeline=None):
     """Pax's restore, checked, classified and agreed by every host (pax_autockpt.restore); the local tier
     learns what this run's lineage starts from."""
+    began = time.monotonic()
     restored = self._restorer.get_model_states(partitioner, metadata, root_prng_key, train_input_pipeline)
+    if self._restorer.restored_from is not None:  # `report` counts it apart from the downtime around it
+      self.restore_s = time.monotonic() - began
     if self._lineage is not None:
       step = self._inner.step_to_restore
       if self._restorer.restored_from == 'local':

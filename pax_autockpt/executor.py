@@ -61,6 +61,7 @@ class AutockptExecutor(executors.DefaultExecutor):
     # After the restore: a damaged newest checkpoint may have been passed over.
     self._events.write('start', num_hosts=jax.process_count(), pid=os.getpid(),
                        restored_step=wrapped.step_to_restore, restored_from=wrapped.restored_from,
+                       **({} if wrapped.restore_s is None else {'restore_s': round(wrapped.restore_s, 6)}),
                        **wrapped.verified)
 
   def start(self):

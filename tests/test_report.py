@@ -519,13 +519,14 @@ def tutorial_story(tmp_path, local_survived=True):
   job.ev(0, 15.0, 'preemption', step=300, signal='SIGTERM')
   job.save(0, 15.0, 300, reason='preemption', blocking=0.01, duration=0.2)
   job.ev(0, 15.5, 'exit', code=143, step=300)
-  job.ev(0, 20.0, 'start', num_hosts=1, pid=2, restored_step=300, restored_from='bucket')
+  job.ev(0, 20.0, 'start', num_hosts=1, pid=2, restored_step=300, restored_from='bucket', restore_s=1.5)
   job.ev(0, 21.0, 'local_committed', step=301, duration_s=0.03, bytes=1000, commits=1)
   job.save(0, 25.0, 400)  # committed at 26.0, its last event; then kill -9 at ~575
   if not local_survived:
     job.ev(0, 26.5, 'local_committed', step=575, duration_s=0.03, bytes=1000, commits=274, interval_s=0.02)
   restored = (575, 'local') if local_survived else (400, 'bucket')
-  job.ev(0, 30.0, 'start', num_hosts=1, pid=3, restored_step=restored[0], restored_from=restored[1])
+  job.ev(0, 30.0, 'start', num_hosts=1, pid=3, restored_step=restored[0], restored_from=restored[1],
+         restore_s=0.5 if local_survived else 1.5)
   job.ev(0, 31.0, 'local_committed', step=restored[0] + 1, duration_s=0.03, bytes=1000, commits=1)
   job.save(0, 35.0, 600)
   job.save(0, 45.0, 800, reason='final')

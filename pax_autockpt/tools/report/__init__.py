@@ -33,9 +33,13 @@ How the figures are derived (the interpretations the contract leaves open):
   take at the median seconds/step measured within runs; 0 when not measurable), max over hosts, mean
   over restarts; 0 when there was no restart.
   goodput = max(0, 1 - delta/tau - (tau/2 + R)/M); Young/Daly optimum tau_opt = sqrt(2 delta M).
+- Measured goodput and badput: the wall time from the first `start` to the last run's end split into buckets
+  that add up to it (productive training, wasted progress, start-up to the first step, save blocking, restore,
+  between runs, other); how each is derived is in `measured`'s docstring.
 
-Modules: `model` (what a report holds), `loader` (job directory -> Report), `young_daly` (goodput),
-`text` and `timeline` (the text and the PNG). This package re-exports their public names.
+Modules: `model` (what a report holds), `loader` (job directory -> Report), `young_daly` (goodput for an MTBF),
+`measured` (the goodput the job had), `text` and `timeline` (the text and the PNG). This package re-exports their
+public names.
 """
 
 from __future__ import annotations

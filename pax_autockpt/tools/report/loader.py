@@ -142,6 +142,7 @@ def _run(host: int, index: int, rev: list[_Event]) -> model.Run:
       exited=exit_ev is not None, exit_code=values.integer(exit_rec.get('code')),
       exit_step=exit_step, t_exit=exit_ev.t if exit_ev else None,
       reached_step=exit_step if exit_step is not None else max_step, points=points,
+      restore_s=values.number(start_rec.get('restore_s')),
       restored_from=values.string(start_rec.get('restored_from')) or
       ('bucket' if restored is not None else None))  # a start logged before the field: the job directory's
 

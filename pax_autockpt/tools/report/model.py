@@ -53,6 +53,7 @@ class Run:
   # (time, step) for the plot; left out of the JSON output.
   points: list[tuple[float, int]] = dataclasses.field(default_factory=list, repr=False)
   restored_from: str | None = None  # 'local', 'bucket' or None (fresh, or not recorded)
+  restore_s: float | None = None  # how long its restore took (None: nothing restored, or a log before the field)
 
 
 @dataclasses.dataclass
@@ -177,6 +178,7 @@ class Report:
   def to_dict(self, mtbf_hours: float | None = None) -> dict[str, Any]:
     """JSON-native: string keys, lists, finite floats; `json.loads(json.dumps(d)) == d`."""
     # young_daly imports this module for ReportError, so it cannot be imported at the top.
+    from pax_autockpt.tools.report import measured  # pylint: disable=g-import-not-at-top
     from pax_autockpt.tools.report import young_daly  # pylint: disable=g-import-not-at-top
     d = dataclasses.asdict(self)
     for r in d['runs']:
@@ -186,6 +188,7 @@ class Report:
     if mtbf_hours is not None:
       d['goodput'] = young_daly.goodput(self, mtbf_hours)
     d['adaptive'] = young_daly.adaptive(self)
+    d['goodput_measured'] = measured.measure(self).to_dict()
     return _jsonable(d)
 
 

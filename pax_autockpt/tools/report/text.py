@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pax_autockpt.tools.report import measured
 from pax_autockpt.tools.report import model
 from pax_autockpt.tools.report import young_daly
 
@@ -181,6 +182,31 @@ def _local_lines(r: model.Report) -> list[str]:
 _TIERS = {None: 'fresh', 'bucket': 'the job directory', 'local': 'the local tier'}
 
 
+_BADPUT_WORDS = (('wasted_progress', 'wasted progress'), ('training_prep', 'start-up to the first step'),
+                 ('checkpoint_save', 'save blocking'), ('checkpoint_restore', 'restore'),
+                 ('between_runs', 'between runs (idle, start-up)'), ('other', 'other'))
+
+
+def _measured_line(r: model.Report) -> str:
+  """Where the job's wall time went (pax_autockpt.tools.report.measured); 'at least' where a kill hides an end."""
+  m = measured.measure(r)
+  if m.wall_s is None:
+    return f'goodput (measured): {m.note}'
+  share = lambda key: f'{_fmt_s(m.seconds[key])} ({100 * m.shares[key]:.1f}%)'
+  wall = ('at least ' if m.last_run_open else '') + f'{_fmt_s(m.wall_s)} wall'
+  badput = ', '.join(f'{words} {share(key)}' for key, words in _BADPUT_WORDS)
+  caveat = []
+  if m.killed_runs - m.last_run_open:
+    caveat.append(f'{m.killed_runs - m.last_run_open} killed run(s) end at their last event here: wasted progress is '
+                  'a lower bound, between runs an upper bound')
+  if m.restore_unrecorded:
+    caveat.append(f'{m.restore_unrecorded} restore(s) not recorded (a log before restore_s): in between runs')
+  if m.note:
+    caveat.append(m.note)
+  return (f'goodput (measured): {100 * m.goodput:.1f}% of {wall}, productive training '
+          f'{_fmt_s(m.seconds["productive_training"])}; badput: {badput}' + ''.join(f'; {c}' for c in caveat))
+
+
 def _goodput_line(r: model.Report, mtbf_hours: float | None) -> str:
   if mtbf_hours is None:
     return (f'goodput: not computed; give --mtbf_hours H, the hours between failures you expect (from this job: '
@@ -217,6 +243,7 @@ def format_text(report: model.Report, mtbf_hours: float | None = None) -> str:
       *_storage_lines(r),
       *_local_lines(r),
       f'restart cost R: {_fmt_s(r.restart_cost_s)} per restart ({r.restart_cost_note})',
+      _measured_line(r),
       _goodput_line(r, mtbf_hours),
       *_adaptive_lines(r),
   ])
