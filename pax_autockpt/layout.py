@@ -8,6 +8,7 @@ JOB_LOG_DIR/
   autockpt/host<IDX>.log             a host's output under `pax-autockpt launch` (local disk only)
   autockpt/unrestorable/             damaged checkpoints moved aside (local disk)
   autockpt/job_id                    the job's identity, made once (pax_autockpt.lineage)
+  autockpt/compilation_cache/        JAX's compiled programs, for the next start (pax_autockpt.compilation_cache)
   summaries/autockpt/                the save scalars for TensorBoard
 
 LOCAL_DIR/ (the local tier, one per host, --autockpt_local_dir with {host} replaced)
@@ -217,6 +218,11 @@ def set_aside_steps(job_log_dir: epath.PathLike) -> list[int]:
   if aside.is_dir():
     steps.update(s for s in (step_of(p.name.split('.', 1)[0]) for p in aside.iterdir()) if s is not None)
   return sorted(steps)
+
+
+def compilation_cache_dir(job_log_dir: epath.PathLike) -> epath.Path:
+  """JAX's persistent compilation cache where the user named none (pax_autockpt.compilation_cache)."""
+  return autockpt_dir(job_log_dir) / 'compilation_cache'
 
 
 def job_id_path(job_log_dir: epath.PathLike) -> epath.Path:

@@ -1,7 +1,9 @@
 """Continuous saves to the local tier, beside the bucket's checkpoints.
 
 Every host, every iteration, asks one agreed question (the primary host decides, as for the bucket's
-saves): is a local save due (the previous one finished, `local_min_interval_secs` passed, no signal)?
+saves): is a local save due (the previous one finished, the minimum interval passed, no signal)? The
+interval is `local_min_interval_secs` when set, else it sets itself from the previous local save's cost
+(`auto_interval`), so that the tier's default costs training little.
 If so each host copies the shards it holds and its input position on the training thread, and one
 background thread writes them (pax_autockpt.local_tier). A local step is committed on a host only once
 every host wrote its part: each host publishes "done, with my input position" through the coordination
@@ -44,6 +46,8 @@ from pax_autockpt import signals
 _KEY = 'autockpt/local/'
 PEER_WAIT_SECS = 60.0  # a peer that has not written its part by then is gone: this step is not committed
 SUMMARY_SECS = 60.0  # at most one `local_committed` event per this long (after the run's first)
+AUTO_FACTOR = 20.0  # unset interval: a save's wall time is at most ~1/20 (5%) of the run's
+AUTO_FLOOR_SECS = 1.0  # unset interval: never closer than this, however cheap the save
 LOG_SECS = 10.0  # at most one log line on the local commits per this long (after the run's first)
 FAILURE_SECS = 60.0  # while local saves keep failing, one line and one `local_save_failed` event per this long
 
@@ -51,13 +55,15 @@ FAILURE_SECS = 60.0  # while local saves keep failing, one line and one `local_s
 class LocalSaves:
   """The local tier's saves for one host (see the module docstring)."""
 
-  def __init__(self, folder: epath.PathLike, *, min_interval_secs: float, keep: int, events: events_lib.EventLog,
+  def __init__(self, folder: epath.PathLike, *, min_interval_secs: float | None, keep: int, events: events_lib.EventLog,
                lineage: lineage_lib.Tracker, on_commit: Callable[[int], None] | None = None):
     self.folder = epath.Path(folder)
     local_lock.hold(self.folder, events.job_log_dir, events.host)  # made, and this job's, before anything here goes
     self._host, self._hosts = events.host, jax.process_count()
     self._client = distributed.global_state.client if self._hosts > 1 else None
-    self._min_interval = min_interval_secs
+    self._min_interval = min_interval_secs  # None: set from the measured cost (auto_interval)
+    self._cost: float | None = None  # the previous local save's wall time, capture to commit (or failure)
+    self._told = False  # whether the cadence in effect was logged (once per run)
     self._keep = keep
     self._events = events
     self._lineage = lineage
@@ -92,8 +98,9 @@ class LocalSaves:
         return
     self._last_start, self._newest = time.monotonic(), step
     jax.block_until_ready(train_state)
+    captured = time.monotonic()  # the save's cost counts from here, not the wait for the step it saves
     snapshot = local_tier.capture(train_state, pipeline)
-    began = (time.time(), self._last_start)
+    began = (time.time(), captured)
     self._thread = threading.Thread(target=self._finish, args=(step, snapshot, began, self._lineage.at(step)),
                                     name=f'autockpt-local-{step}', daemon=True)
     self._thread.start()
@@ -113,8 +120,23 @@ class LocalSaves:
   def _due(self, step: int) -> bool:
     """On the primary: a step not saved locally yet, the previous local save done, the interval passed, and
     no signal (the grace period is the bucket save's)."""
-    idle = not self.in_flight and time.monotonic() - self._last_start >= self._min_interval
+    idle = not self.in_flight and time.monotonic() - self._last_start >= self._interval()
     return idle and step > self._newest and signals.received() is None
+
+  def _interval(self) -> float:
+    """The minimum interval between local save starts in effect; the rule that sets it is logged once."""
+    if self._min_interval is not None:
+      interval, why = self._min_interval, 'set by --autockpt_local_min_interval_secs'
+    elif self._cost is None:
+      return 0.0  # nothing measured yet: the first save is the measurement
+    else:
+      interval = auto_interval(self._cost)
+      why = (f"{AUTO_FACTOR:.0f}x the last save's duration, at least {AUTO_FLOOR_SECS:.0f} s; the first took "
+             f'{self._cost:.3f} s; --autockpt_local_min_interval_secs sets a fixed interval')
+    if not self._told:
+      self._told = True
+      logging.info('[autockpt] local tier: a local save at most every %.2f s now (%s).', interval, why)
+    return interval
 
   def _finish(self, step: int, snapshot: local_tier.Snapshot, began: tuple[float, float],
               lineage: lineage_lib.Lineage) -> None:
@@ -129,13 +151,15 @@ class LocalSaves:
       local_tier.commit(partial, local_tier.index(step, self._host, self._hosts, fp, arrays, inputs, began[0],
                                                   lineage))
     except Exception as e:  # pylint: disable=broad-except
+      self._cost = time.monotonic() - began[1]
       self._failures.failed(step, e, snapshot.nbytes)
       if partial is not None and partial.exists():
         partial.rmtree()
       return
+    self._cost = time.monotonic() - began[1]
     self._mine.append(step)
     recovered = self._failures.report(committed=step)
-    self._summary.add(step, time.monotonic() - began[1], snapshot.nbytes)
+    self._summary.add(step, self._cost, snapshot.nbytes)
     if recovered:
       self._summary.write(log=False)  # at once: the event log (and `status`) reads the tier as working again
     self._prune()
@@ -220,6 +244,15 @@ class LocalSaves:
     line = room_line(self.folder, share, self._keep, shutil.disk_usage(self.folder).free, held)
     if line:
       logging.warning('[autockpt] %s', line)
+
+
+def auto_interval(cost_secs: float) -> float:
+  """The minimum interval between local save starts when none is set, from the previous save's wall time (capture
+  to commit): `AUTO_FACTOR` times it keeps the save's share of the run's wall time (the capture on the training
+  thread, the write competing for its cores) near 1/AUTO_FACTOR, whatever the state's size and the disk's speed;
+  the floor keeps a tiny state from saving many times a second for nothing (back to back, a tiny model on 2 cores
+  trained at ~0.57 of its speed). A crash loses about this interval plus one save."""
+  return max(AUTO_FLOOR_SECS, AUTO_FACTOR * cost_secs)
 
 
 def _bytes_in(step_dir: epath.Path) -> int:

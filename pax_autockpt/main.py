@@ -66,6 +66,7 @@ import jax
 from paxml import experiment_registry
 from paxml import main as pax_main
 
+from pax_autockpt import compilation_cache
 from pax_autockpt import experiment_names
 from pax_autockpt import failures
 from pax_autockpt import hosts
@@ -91,23 +92,26 @@ def _resolve_wiring() -> hosts.Wiring:
     _fail(str(e))
 
 
-def _check_experiment(wiring: hosts.Wiring) -> None:
+def _check_experiment(wiring: hosts.Wiring) -> settings_lib.Settings | None:
   """Resolves --exp and its autockpt settings now, so that a typo costs no paxml start-up and a missing
-  --exp leaves no job directory behind (paxml would create it first)."""
+  --exp leaves no job directory behind (paxml would create it first). The settings, where it has them."""
   if FLAGS.exp is None:
     if FLAGS.fdl is None and not absl_flags.fdl_flags_supplied():
       _fail(precheck.EXP_REQUIRED)
-    return
+    return None
   try:
     with _RegistrationsUnprinted():
       experiment = pax_main.get_experiment(FLAGS.exp)()
   except ValueError as e:
     _fail(experiment_names.not_registered(FLAGS.exp, e, experiment_registry.get_all()))
-  if hasattr(experiment, 'autockpt_settings'):
-    try:
-      _check_local_dir(experiment.autockpt_settings().local_dir, type(experiment).__name__, wiring)
-    except settings_lib.ConfigError as e:
-      _fail(str(e))
+  if not hasattr(experiment, 'autockpt_settings'):
+    return None
+  try:
+    settings = experiment.autockpt_settings()
+    _check_local_dir(settings.local_dir, type(experiment).__name__, wiring)
+  except settings_lib.ConfigError as e:
+    _fail(str(e))
+  return settings
 
 
 def _check_local_dir(local_dir: str, experiment: str, wiring: hosts.Wiring) -> None:
@@ -195,12 +199,20 @@ def _warn_if_tensorstore_spins() -> None:
                     "pip install --no-deps 'tensorstore==%s' (make venv does).", installed, TENSORSTORE_FIXED)
 
 
+def _use_compilation_cache(settings: settings_lib.Settings | None, wiring: hosts.Wiring) -> None:
+  """JAX's persistent compilation cache under the job directory, unless the user named JAX's own or set
+  --autockpt_compilation_cache (AUTOCKPT_COMPILATION_CACHE): after the flags are parsed (JAX's own are
+  applied then), before paxml's first compile."""
+  setting = settings.compilation_cache if settings else FLAGS.autockpt_compilation_cache or compilation_cache.AUTO
+  compilation_cache.use(setting, os.fspath(FLAGS.job_log_dir), prune=not wiring.host_idx)
+
+
 def main(argv):
   wiring = _resolve_wiring()
   if FLAGS.autockpt_print_wiring:
     print(wiring.line(), flush=True)
     return 0
-  _check_experiment(wiring)
+  settings = _check_experiment(wiring)
   _check_job_log_dir()
   FLAGS.host_idx, FLAGS.num_hosts, FLAGS.server_addr = (
       wiring.host_idx, wiring.num_hosts, wiring.server_addr)
@@ -213,6 +225,7 @@ def main(argv):
     # CPU hosts need Gloo for cross-process collectives; other platforms ignore it.
     jax.config.update('jax_cpu_enable_gloo_collectives', True)
   logging.info('[autockpt] %s', wiring.line())
+  _use_compilation_cache(settings, wiring)
   _warn_if_tensorstore_spins()
   mesh.use_process_group_slices()  # GPU multislice: slices are process groups
   try:

@@ -62,6 +62,8 @@ _optional_count = _optional(lambda v: _integer(v) and v >= 1,
                             'use an integer N >= 1, or {unset} to keep what Pax keeps')
 _optional_seconds = _optional(lambda v: _number(v) and v > 0,
                               'use a number of seconds > 0, or {unset} to keep what Pax keeps')
+_local_interval = _optional(lambda v: _number(v) and v >= 0,
+                            "use a number of seconds >= 0, or {unset} for 20x the last save's duration")
 _optional_hours = _optional(lambda v: _number(v) and v > 0,
                             'use a number of hours > 0, or {unset} for no adaptive interval')
 
@@ -85,6 +87,12 @@ def _port(v):
 
 def _mb_per_sec(v):
   return None if _number(v) and v > 0 else 'use a rate in MB/s > 0'
+
+
+def _compilation_cache(v):
+  if isinstance(v, str) and v.strip() and v == v.strip():
+    return None
+  return "use 'auto' (under the job directory), 'off', or a directory: a path or a gs:// URL"
 
 
 def _nice(v):
@@ -181,8 +189,9 @@ class Settings:
                           "such as /dev/shm/autockpt-{host}; `{host}` becomes the host index), saved continuously "
                           "beside the job directory's checkpoints; a restart restores whichever complete copy is "
                           "newer; '' for none", rule=_local_dir)
-  local_min_interval_secs: float = option(0.0, 'local tier: no two local save starts closer than this (0: back to '
-                                          'back)', rule=_seconds_at_least_0)
+  local_min_interval_secs: float | None = option(None, 'local tier: no two local save starts closer than this (0: '
+                                                 "back to back); not set, 20x the previous local save's duration, "
+                                                 'at least 1 s', rule=_local_interval)
   local_keep: int = option(2, 'local tier: the newest N committed local steps kept on each host',
                            rule=_count_at_least_1)
   local_peer_port: int = option(0, "local tier: the TCP port a host serves its copy of a local step on to a peer "
@@ -197,6 +206,11 @@ class Settings:
   local_buddy_mb_per_sec: float = option(200.0, "local tier, buddy copies: the most MB/s a host's background copy "
                                          "of its neighbour's step takes (so that it leaves the network and disk to "
                                          'training and the bucket saves)', rule=_mb_per_sec)
+  compilation_cache: str = option('auto', "JAX's persistent compilation cache, which spares a restart its compiles "
+                                  "(the train step's: seconds on CPU, minutes for a large model): 'auto' "
+                                  "(JOB_LOG_DIR/autockpt/compilation_cache, bounded to 2 GB at each start, unless "
+                                  "JAX_COMPILATION_CACHE_DIR or --jax_compilation_cache_dir names one), 'off' (none "
+                                  "of ours), or a directory (a path or a gs:// URL)", rule=_compilation_cache)
   save_policy: Any = option(None, 'any save-decision policy object, or a `pax_fiddle.Config` of one',
                             rule=_save_policy, flag=False,
                             replaced_by=('continuous', 'min_interval_secs', 'mtbf_hours'))

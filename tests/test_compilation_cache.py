@@ -4,10 +4,14 @@ import os
 import subprocess
 import sys
 
+from absl import flags
 import jax
 import numpy as np
+import pytest
 
 from pax_autockpt import compilation_cache
+from pax_autockpt import settings as settings_lib
+from pax_autockpt.experiment import AutockptMixin
 
 
 def _restored_like(host):
@@ -53,3 +57,77 @@ def test_a_cached_step_that_donates_the_copied_state_leaves_numpys_memory_alone(
                          timeout=120) for _ in range(2)]
   assert [r.stdout.strip() for r in runs] == ['False 7.0 3.0'] * 2, [r.stderr[-2000:] for r in runs]
   assert os.listdir(tmp_path)  # the second run's step came from the cache
+
+
+# --- on by default under the job directory (compilation_cache.use) ----------------------------------------
+
+
+@pytest.fixture
+def jax_flags(monkeypatch):
+  """No cache of the user's (no env, flag or jax.config), and --jax_compilation_cache_dir as main defines it."""
+  monkeypatch.delenv('JAX_COMPILATION_CACHE_DIR', raising=False)
+  monkeypatch.setattr(compilation_cache, '_cache_dir', lambda: None)
+  fv = flags.FlagValues()
+  flags.DEFINE_string('jax_compilation_cache_dir', None, 'JAX', flag_values=fv)
+  fv(['prog'])
+  monkeypatch.setattr(flags, 'FLAGS', fv)
+  return fv
+
+
+def test_auto_is_under_the_job_directory_and_ours_unless_the_user_named_jaxs_own(jax_flags, monkeypatch):
+  job = '/jobs/one'
+  assert compilation_cache.directory('auto', job) == ('/jobs/one/autockpt/compilation_cache', True)
+  assert compilation_cache.directory('off', job) == (None, False)
+  assert compilation_cache.directory('/fast/cache', job) == ('/fast/cache', False)  # a user's: never pruned
+  assert compilation_cache.directory('gs://b/cache', job) == ('gs://b/cache', False)
+  monkeypatch.setenv('JAX_COMPILATION_CACHE_DIR', '/theirs')
+  assert compilation_cache.directory('auto', job) == (None, False)  # JAX's own setting applies
+  assert compilation_cache.directory('/fast/cache', job) == ('/fast/cache', False)  # ours, named, wins
+  monkeypatch.delenv('JAX_COMPILATION_CACHE_DIR')
+  jax_flags(['prog', '--jax_compilation_cache_dir=/theirs'])
+  assert compilation_cache.directory('auto', job) == (None, False)
+
+
+def test_the_setting_is_one_flag_and_attribute_with_a_one_line_error():
+  class Exp(AutockptMixin):
+    AUTOCKPT_COMPILATION_CACHE = 'off'
+  assert settings_lib.resolve(Exp()).compilation_cache == 'off'
+  assert settings_lib.Settings().compilation_cache == 'auto'
+  with pytest.raises(settings_lib.ConfigError, match=r"^Bad.AUTOCKPT_COMPILATION_CACHE='' is invalid: use 'auto'"):
+    settings_lib.resolve(type('Bad', (AutockptMixin,), {'AUTOCKPT_COMPILATION_CACHE': ''})())
+
+
+def test_use_sets_jax_before_its_first_compile(jax_flags, monkeypatch, tmp_path):
+  updates = []
+  monkeypatch.setattr(compilation_cache.jax.config, 'update', lambda *a: updates.append(a))
+  path = compilation_cache.use('auto', str(tmp_path))
+  assert path == str(tmp_path / 'autockpt' / 'compilation_cache') and os.path.isdir(path)
+  assert updates == [('jax_compilation_cache_dir', path)] and not os.listdir(path)  # the probe left nothing
+  assert compilation_cache.use('off', str(tmp_path)) is None and len(updates) == 1
+
+
+def test_a_cache_that_cannot_be_written_costs_one_warning_and_no_cache(jax_flags, monkeypatch, tmp_path, caplog):
+  """A path under a regular file: mkdir fails even for root (tests run as root, so chmod would not do)."""
+  (tmp_path / 'file').write_text('')
+  updates = []
+  monkeypatch.setattr(compilation_cache.jax.config, 'update', lambda *a: updates.append(a))
+  assert compilation_cache.use(str(tmp_path / 'file' / 'cache'), str(tmp_path)) is None
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
+  assert len(warnings) == 1 and 'file/cache cannot be written (NotADirectoryError' in warnings[0], warnings
+  assert '\n' not in warnings[0] and not updates
+  assert compilation_cache.unwritable('gs://bucket/cache') is None  # not probed: requests cost
+
+
+def _entry(folder, name, size, used):
+  path = folder / name
+  path.write_bytes(b'x' * size)
+  os.utime(path, (used, used))
+
+
+def test_pruning_removes_the_least_recently_used_down_to_a_fraction_of_the_bound(tmp_path):
+  for i, name in enumerate(['old', 'older', 'oldest']):
+    _entry(tmp_path, name, 400, 1_000_000 - i * 1000)
+  assert compilation_cache.prune_least_recently_used(str(tmp_path), most_bytes=1200) == 0  # within the bound
+  assert compilation_cache.prune_least_recently_used(str(tmp_path), most_bytes=1000, down_to=0.5) == 800
+  assert os.listdir(tmp_path) == ['old']
+  assert compilation_cache.prune_least_recently_used(str(tmp_path / 'absent')) == 0

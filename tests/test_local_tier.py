@@ -332,6 +332,34 @@ def test_local_saves_keep_this_runs_newest_and_remove_every_other_step(tmp_path)
   assert layout.local_committed_steps(tmp_path) == [70, 80, 90]
 
 
+def test_an_unset_interval_sets_itself_from_the_last_save_and_a_set_one_wins(tmp_path, caplog):
+  """Unset, a local save waits 20x the previous one's cost (at least 1 s): ~5% of the run's time, not back to
+  back; the first save is the measurement. The cadence is one log line per run; docs/settings.md says the same."""
+  caplog.set_level('INFO')
+  assert (local_saves.auto_interval(0.01), local_saves.auto_interval(0.5)) == (1.0, 10.0)
+  doc = settings_lib.FIELDS['local_min_interval_secs'].metadata['doc']
+  assert f'{local_saves.AUTO_FACTOR:.0f}x' in doc and f'at least {local_saves.AUTO_FLOOR_SECS:.0f} s' in doc
+  _, state, _ = _state()
+  saves = local_saves.LocalSaves(tmp_path, min_interval_secs=None, keep=2,
+                                 events=events_lib.EventLog(tmp_path / 'job', 0),
+                                 lineage=lineage_lib.Tracker('job-a', 'r'))
+  assert saves._due(50)  # pylint: disable=protected-access
+  saves.maybe_save(50, state)
+  saves._thread.join()  # pylint: disable=protected-access
+  assert 0 < saves._cost and not saves._due(60)  # pylint: disable=protected-access
+  saves._cost = 0.2  # pylint: disable=protected-access
+  for ago, due in ((3.9, False), (4.1, True)):
+    saves._last_start = time.monotonic() - ago  # pylint: disable=protected-access
+    assert saves._due(60) is due  # pylint: disable=protected-access
+  lines = [r.getMessage() for r in caplog.records if 'a local save at most every' in r.getMessage()]
+  assert len(lines) == 1 and "20x the last save's duration, at least 1 s" in lines[0], lines
+  back_to_back = local_saves.LocalSaves(tmp_path / 'b', min_interval_secs=0, keep=2,
+                                        events=events_lib.EventLog(tmp_path / 'job', 0),
+                                        lineage=lineage_lib.Tracker('job-a', 'r'))
+  back_to_back._cost, back_to_back._last_start = 5.0, time.monotonic()  # pylint: disable=protected-access
+  assert back_to_back._due(60)  # pylint: disable=protected-access
+
+
 def test_a_published_copy_is_released_from_the_coordination_service(tmp_path):
   """A real coordination service (its own process: jax.distributed is once per process): the donor's keys
   go, every key under its folder, and nothing else."""

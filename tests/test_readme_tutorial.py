@@ -1,7 +1,8 @@
 """The README's "Try it on a CPU in ten minutes", run as written: its fenced bash blocks in one shell, in the
 clone, with the environment a user's shell has (no test settings), only the scratch directory moved into
 the test's own. What is checked is what the README says happens: SIGTERM -> 143 and a resume from the
-agreed step, kill -9 -> 137 and a restore of the newest local step past the job directory's 400, a finished
+agreed step (its train step loaded from the job directory's compilation cache, on by default), kill -9 -> 137
+and a restore of the newest local step past the job directory's 400, a finished
 job, a report with its plot, every checkpoint verified, and the end identical to an uninterrupted run."""
 
 import os
@@ -58,6 +59,18 @@ def test_the_readme_cpu_tutorial_runs_as_written(tmp_path):
   assert (tmp_path / 'timeline.png').stat().st_size > 0
   assert re.search(r'^step 800: ok \(', text, re.M) and 'DAMAGED' not in text, text[-3000:]
   assert re.search(r'^step 800: identical to .*uninterrupted', text, re.M), text[-3000:]
+  assert_run_2_loaded_its_train_step_from_the_cache(tmp_path)
+
+
+def assert_run_2_loaded_its_train_step_from_the_cache(tmp_path):
+  """The compilation cache is on by default, in the job directory: run 1 wrote its train step there, run 2
+  (a restore: its state copied into memory XLA owns first) loaded it. A miss would write the same key again."""
+  written = r'Writing pjit__wrapped_step_fn to persistent compilation cache with key (\S+)\.'
+  run1, run2 = ((tmp_path / f'run{i}.log').read_text() for i in (1, 2))
+  keys = re.findall(written, run1)
+  assert keys and not set(keys) & set(re.findall(written, run2)), (keys, re.findall(written, run2))
+  assert os.listdir(tmp_path / 'job' / 'autockpt' / 'compilation_cache')
+  assert 'copied into memory XLA owns' in run2
 
 
 def test_a_mistyped_tutorial_command_is_not_waited_for_in_silence(tmp_path):
