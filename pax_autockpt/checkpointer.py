@@ -108,6 +108,7 @@ class AutockptCheckpointer:
     self.last_step: int | None = inner.step_to_restore
     self.committed_this_run: list[int] = []
     self._first_iteration = True
+    self._first_step_due = True  # until the loop's second iteration: this run's first step is done
     self._local, local, self._lineage, job = None, None, None, ''
     if settings.local_dir:
       job, local = self._local_tier(settings, events, slices)
@@ -230,8 +231,8 @@ class AutockptCheckpointer:
     self._loop_items = dict(train_state_unpadded_shape_dtype_struct=train_state_unpadded_shape_dtype_struct,
                             train_state_pspecs=train_state_pspecs, train_input_pipeline=train_input_pipeline)
     state = self._items_with(partitioned_train_state)
-    if self._startup is not None and not self._first_iteration:
-      self._startup.first_step_done()  # once; from now on a signal takes the agreed-step path
+    if self._first_step_due and not self._first_iteration:
+      self._first_step_done(step_i)
     if self._first_iteration:
       self._first_iteration = False
       if self._exit_after_ondemand and self._preemption.signalled_before_training(step_i):
@@ -246,6 +247,16 @@ class AutockptCheckpointer:
     if self._local is not None:
       self._local.maybe_save(step_i, partitioned_train_state, train_input_pipeline)
     self.phases.enter(phases_lib.LOOP)
+
+  def _first_step_done(self, step: int) -> None:
+    """Once, at the loop's second iteration: from now on a signal takes the agreed-step path; the `first_step`
+    event ends the restart's downtime for `report` (its `compile_s`: the first train_step call, which traced and
+    compiled the step, or loaded it from the compilation cache)."""
+    self._first_step_due = False
+    if self._startup is not None:
+      self._startup.first_step_done()
+    compiled = self.phases.first_train_s
+    self._events.write('first_step', step=step, **({} if compiled is None else {'compile_s': round(compiled, 6)}))
 
   def _agreed_elsewhere(self, step: int) -> None:
     """pax_autockpt.rescue saves `step` from its thread: the step every record of this run names."""

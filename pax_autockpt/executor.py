@@ -20,6 +20,7 @@ from pax_autockpt import metrics as metrics_lib
 from pax_autockpt import outcomes
 from pax_autockpt import settings as settings_lib
 from pax_autockpt import signals
+from pax_autockpt import startup_times
 
 
 class AutockptExecutor(executors.DefaultExecutor):
@@ -62,7 +63,7 @@ class AutockptExecutor(executors.DefaultExecutor):
     self._events.write('start', num_hosts=jax.process_count(), pid=os.getpid(),
                        restored_step=wrapped.step_to_restore, restored_from=wrapped.restored_from,
                        **({} if wrapped.restore_s is None else {'restore_s': round(wrapped.restore_s, 6)}),
-                       **wrapped.verified)
+                       **startup_times.start_fields(), **wrapped.verified)
 
   def start(self):
     try:

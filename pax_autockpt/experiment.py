@@ -9,6 +9,7 @@ import sys
 
 from pax_autockpt import hosts
 from pax_autockpt import settings as settings_lib
+from pax_autockpt import startup_times
 
 
 def _config_error(message: str) -> None:
@@ -28,6 +29,7 @@ class AutockptMixin:
     return settings_lib.resolve(self)
 
   def validate(self) -> None:
+    startup_times.mark(startup_times.VALIDATED)  # paxml's setup_jax (jax.distributed's initialize) just ended
     super().validate()
     try:
       settings = self.autockpt_settings()

@@ -74,6 +74,9 @@ from pax_autockpt import layout
 from pax_autockpt import local_lock
 from pax_autockpt import mesh
 from pax_autockpt import outcomes
+from pax_autockpt import startup_times
+
+startup_times.mark(startup_times.IMPORTED)  # process start -> here: the `start` event's imported_s
 
 FLAGS = flags.FLAGS
 TENSORSTORE_FIXED = '0.1.59'  # the Makefile installs this one over paxml's pin
@@ -228,6 +231,7 @@ def main(argv):
   _use_compilation_cache(settings, wiring)
   _warn_if_tensorstore_spins()
   mesh.use_process_group_slices()  # GPU multislice: slices are process groups
+  startup_times.mark(startup_times.JAX_SETUP)  # -> the experiment's validate(): setup_jax, distributed_s
   try:
     pax_main.main(argv)
   except outcomes.RestoreFailed as e:  # before the executor exists (listing the checkpoints): one line

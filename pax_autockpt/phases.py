@@ -50,6 +50,7 @@ class LoopPhases:
     self._place = Place(START_UP, time.time(), None)
     self._closed = threading.Event()
     self._point: Callable[[str], None] | None = None
+    self.first_train_s: float | None = None  # this run's first train_step call: its trace and compile (`first_step`)
 
   def on_point(self, point: Callable[[str], None]) -> None:
     """`point(phase)` at each eval or decode batch (the checkpointer's agreement point)."""
@@ -63,7 +64,10 @@ class LoopPhases:
   def trained(self, step: int, state: Any) -> None:
     """After each train step's dispatch: the state the next save would save (still computing: a save waits)."""
     with self._lock:
-      self._place = Place(AFTER_STEP, time.time(), int(step), state)
+      now = time.time()
+      if self.first_train_s is None:  # since enter(TRAIN): the call compiled the step (JAX runs it asynchronously)
+        self.first_train_s = now - self._place.since
+      self._place = Place(AFTER_STEP, now, int(step), state)
 
   def point(self, phase: str) -> None:
     """At each eval or decode batch, before it runs."""

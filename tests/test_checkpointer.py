@@ -62,7 +62,7 @@ def test_preemption_saves_off_interval_waits_for_commit_then_raises(job):
   assert committed(job) == [3]  # at the moment Preempted was raised
   assert stop.value.step == 3
   assert fake.orbax.attempts == [3]
-  assert kinds(job) == ['preemption', 'save_started', 'save_committed']
+  assert kinds(job) == ['first_step', 'preemption', 'save_started', 'save_committed']  # first_step: at 2
   started, = fakes.events(job, 'save_started')
   assert started['step'] == 3 and started['reason'] == 'preemption'
   assert fakes.events(job, 'preemption')[0]['signal'] == 'SIGTERM'
@@ -222,7 +222,7 @@ def test_saving_disabled_preemption_raises_without_saving(job):
     ckpt.save_if_needed(11, STATE)
   assert stop.value.step == 11
   assert fake.orbax.attempts == []
-  assert kinds(job) == ['preemption']
+  assert kinds(job) == ['first_step', 'preemption']
   assert list(layout.checkpoint_dir(job).iterdir()) == []
 
 
@@ -313,6 +313,22 @@ def test_notice_action_save_and_exit_exits_once_the_notice_save_commits(job):
     ckpt.save_if_needed(2, STATE)
   assert stop.value.step == 2 and committed(job) == [0, 2]
   assert kinds(job)[-3:] == ['notice', 'save_started', 'save_committed']
+
+
+def test_first_step_is_logged_once_per_run_with_the_first_train_step_s_compile(job):
+  """At the loop's second iteration (report's end of a restart's downtime), once per run: `compile_s` is the first
+  train_step call's (pax_autockpt.phases), which later steps do not change."""
+  for run in range(2):  # a restart: a new checkpointer, its own first step
+    ckpt, _ = fakes.wrap(job, interval=1000)
+    for step in range(10 * run, 10 * run + 4):
+      ckpt.save_if_needed(step, STATE)
+      ckpt.phases.enter('train')  # as the instrumented train_step: its call compiles the step the first time
+      time.sleep(0.05 if step == 10 * run else 0.0)
+      ckpt.phases.trained(step + 1, STATE)
+    ckpt.wait_until_finished()
+    firsts = fakes.events(job, 'first_step')
+    assert [e['step'] for e in firsts] == [1, 11][:run + 1]
+    assert 0.05 <= firsts[-1]['compile_s'] < 1.0
 
 
 def train_with_losses(ckpt, step_metrics, losses):

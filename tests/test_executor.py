@@ -59,7 +59,8 @@ def test_preempted_exits_with_the_configured_code_and_exit_event_last(run, job, 
   with pytest.raises(SystemExit) as exited:
     run(lambda ckpt: train(ckpt, range(1, 100), preempt_at=7), settings)
   assert exited.value.code == code
-  assert [e['event'] for e in fakes.events(job)] == ['preemption', 'save_started', 'save_committed', 'exit']
+  assert [e['event'] for e in fakes.events(job)] == ['first_step', 'preemption', 'save_started', 'save_committed',
+                                                   'exit']
   last = fakes.events(job)[-1]
   assert (last['code'], last['step']) == (code, 7)
 
@@ -72,7 +73,8 @@ def test_ctrl_c_exits_130_whatever_the_preemption_code(run, job, settings):
     run(lambda ckpt: train(ckpt, range(1, 100), preempt_at=7, signum=signal.SIGINT), settings)
   assert exited.value.code == 130
   assert fakes.events(job, 'preemption')[0]['signal'] == 'SIGINT'
-  assert [e['event'] for e in fakes.events(job)] == ['preemption', 'save_started', 'save_committed', 'exit']
+  assert [e['event'] for e in fakes.events(job)] == ['first_step', 'preemption', 'save_started', 'save_committed',
+                                                   'exit']
   assert (fakes.events(job)[-1]['code'], fakes.events(job)[-1]['step']) == (130, 7)
 
 

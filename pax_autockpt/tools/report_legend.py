@@ -32,9 +32,15 @@ LEGEND = (
      'duration, and the tier each run started from'),
     ('restart cost R', 'per restart, the time from a run\'s last event to the next run\'s first save, less the '
      'steps it trained before that save: downtime plus start-up plus restore'),
+    ('restart phases', 'where a restart\'s downtime went, median over restarts (--json: each restart\'s): the '
+     'scheduler (the previous run\'s last event to the new process\'s start), imports (paxml, jax), distributed '
+     'init (jax.distributed and the accelerator\'s start), set-up (the rest before training: flags, experiment, '
+     'model, checkpoint listing), restore, and to the first step (its compile, its input, the step); they add up '
+     'to the downtime up to the first step'),
     ('goodput (measured)', 'the job\'s wall time, first start to last exit, split into productive training '
      '(steps that survive into the final lineage) and badput: wasted progress (steps trained, then lost), '
-     'start-up to the first step, save blocking, restore, between runs, other; they add up to the wall time'),
+     'start-up to the first step, save blocking, restore, idle between runs and start-up (between runs, where a '
+     'log does not record the process start), other; they add up to the wall time'),
     ('goodput', 'with --mtbf_hours M: the share of time spent on training that counts, 1 - save cost/interval - '
      '(interval/2 + R)/M (Young/Daly, first order), and at the interval that maximises it'),
     ('adaptive interval', 'with --autockpt_mtbf_hours: the interval continuous saving converged to, against '

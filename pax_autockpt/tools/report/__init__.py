@@ -35,7 +35,11 @@ How the figures are derived (the interpretations the contract leaves open):
   goodput = max(0, 1 - delta/tau - (tau/2 + R)/M); Young/Daly optimum tau_opt = sqrt(2 delta M).
 - Measured goodput and badput: the wall time from the first `start` to the last run's end split into buckets
   that add up to it (productive training, wasted progress, start-up to the first step, save blocking, restore,
-  between runs, other); how each is derived is in `measured`'s docstring.
+  idle between runs and start-up, or between runs where a `start` records no process start, other); how each is
+  derived is in `measured`'s docstring.
+- Restart phases: per restart, host 0's (else the lowest host's) previous run's last event -> its process start
+  (`process_start_t`) -> imports (`imported_s`), distributed init (`distributed_s`), set-up (the rest), restore
+  (`restore_s`) -> its `start` -> its `first_step` event; they add up to that span. Medians over restarts.
 
 Modules: `model` (what a report holds), `loader` (job directory -> Report), `young_daly` (goodput for an MTBF),
 `measured` (the goodput the job had), `text` and `timeline` (the text and the PNG). This package re-exports their

@@ -127,13 +127,14 @@ def _run(host: int, index: int, rev: list[_Event]) -> model.Run:
   if start is not None:
     points.append((start.t, restored if restored is not None else 0))
   for e in rev:
-    step = _step(e) if e.name in ('save_started', 'local_committed', 'preemption', 'exit') else None
+    step = _step(e) if e.name in ('save_started', 'local_committed', 'preemption', 'exit', 'first_step') else None
     if step is not None:
       points.append((e.t, step))
   committed = [_step(e) for e in rev if e.name in ('save_committed', 'local_committed')]
   max_step = values.max_known([s for _, s in points] + committed)
   exit_step = values.integer(exit_rec.get('step'))
   points.sort()
+  first = next((e for e in rev if e.name == 'first_step'), None)
   return model.Run(
       host=host, index=index, t_start=start.t if start else None,
       pid=values.integer(start_rec.get('pid')),
@@ -143,6 +144,10 @@ def _run(host: int, index: int, rev: list[_Event]) -> model.Run:
       exit_step=exit_step, t_exit=exit_ev.t if exit_ev else None,
       reached_step=exit_step if exit_step is not None else max_step, points=points,
       restore_s=values.number(start_rec.get('restore_s')),
+      process_start_t=values.number(start_rec.get('process_start_t')),
+      imported_s=values.number(start_rec.get('imported_s')),
+      distributed_s=values.number(start_rec.get('distributed_s')),
+      t_first_step=first.t if first else None, compile_s=values.number(first.rec.get('compile_s')) if first else None,
       restored_from=values.string(start_rec.get('restored_from')) or
       ('bucket' if restored is not None else None))  # a start logged before the field: the job directory's
 
@@ -392,6 +397,7 @@ class _HostRestart:
   startup_s: float | None         # start -> first save, less the steps trained in between
   restored_from: str | None       # 'local', 'bucket' or None
   previous_exit_code: int | None
+  phases: model.RestartPhases | None = None
 
   @property
   def cost_s(self) -> float | None:
@@ -410,6 +416,31 @@ def _startup(r: model.Run, rev: list[_Event], restored: int,
   return max(0.0, first_save.t - r.t_start - trained)
 
 
+def _phases(r: model.Run, prev: model.Run) -> model.RestartPhases | None:
+  """Run `r`'s downtime after `prev` phase by phase; None where its `start` records no process start. The
+  phases add up exactly: what no field names (flags, the experiment, the model, the listing) is setup_s."""
+  if r.process_start_t is None or r.t_start is None:
+    return None
+  scheduler = r.process_start_t - prev.t_last
+  named = sum(x or 0.0 for x in (r.imported_s, r.distributed_s, r.restore_s))
+  setup = r.t_start - r.process_start_t - named
+  first = None if r.t_first_step is None else r.t_first_step - r.t_start
+  return model.RestartPhases(
+      scheduler_s=scheduler, imports_s=r.imported_s, distributed_s=r.distributed_s, setup_s=setup,
+      restore_s=r.restore_s, first_step_s=first, compile_s=r.compile_s,
+      total_s=scheduler + named + setup + (first or 0.0))
+
+
+def _median_phases(restarts: list[model.Restart]) -> dict[str, float | None] | None:
+  """Each phase's median over the restarts that recorded it, and how many restarts had phases ('restarts')."""
+  known = [r.phases for r in restarts if r.phases is not None]
+  if not known:
+    return None
+  medians = {f.name: values.median([v for v in (getattr(p, f.name) for p in known) if v is not None])
+             for f in dataclasses.fields(model.RestartPhases)}
+  return {'restarts': len(known), **medians}
+
+
 def _host_restart(r: model.Run, prev: model.Run, rev: list[_Event],
                   seconds_per_step: float | None) -> _HostRestart:
   """Run `r` restarting after `prev` on one host: what was lost, and what the restart cost."""
@@ -422,11 +453,12 @@ def _host_restart(r: model.Run, prev: model.Run, rev: list[_Event],
       steps_lost=max(0, reached - restored), lower_bound=not prev.exited,
       downtime_s=(r.t_start - prev.t_last) if r.t_start is not None else None,
       startup_s=_startup(r, rev, restored, seconds_per_step), restored_from=r.restored_from,
-      previous_exit_code=prev.exit_code)
+      previous_exit_code=prev.exit_code, phases=_phases(r, prev))
 
 
 def _restart(index: int, rows: list[_HostRestart]) -> model.Restart:
-  """One restart of the job: the worst host's figures, host 0's restored step."""
+  """One restart of the job: the worst host's figures, host 0's restored step, the lowest host's phases that has
+  them (one host's: a phase-wise max over hosts would not add up)."""
   first = next((row for row in rows if row.host == 0), rows[0])
   return model.Restart(
       index=index, hosts=sorted(row.host for row in rows),
@@ -436,7 +468,8 @@ def _restart(index: int, rows: list[_HostRestart]) -> model.Restart:
       downtime_s=values.max_known(row.downtime_s for row in rows),
       startup_s=values.max_known(row.startup_s for row in rows),
       cost_s=values.max_known(row.cost_s for row in rows), restored_from=first.restored_from,
-      previous_exit_code=first.previous_exit_code)
+      previous_exit_code=first.previous_exit_code,
+      phases=next((w.phases for w in sorted(rows, key=lambda w: w.host) if w.phases), None))
 
 
 def _restarts(run_events: dict[tuple[int, int], list[_Event]],
@@ -538,4 +571,5 @@ def load(job_log_dir: str | os.PathLike) -> model.Report:
       event_counts=_counts(e.name for e in evs),
       save_cost_s=_save_cost(started), interval_p50_s=interval_s.p50,
       restart_cost_s=restart_cost, restart_cost_note=restart_cost_note,
-      adaptive_interval_s=adaptive_interval, adaptive_mtbf_hours=adaptive_mtbf, local=_local_tier(evs, runs))
+      adaptive_interval_s=adaptive_interval, adaptive_mtbf_hours=adaptive_mtbf, local=_local_tier(evs, runs),
+      restart_phases=_median_phases(restarts))

@@ -12,13 +12,16 @@ Wall time = the first run's start -> the last run's end; the buckets add up to i
 
 - `checkpoint_restore`: the restores of the runs after the first, from their `start` events' `restore_s` (the
   first run's restore comes before the wall time starts);
-- `between_runs`: a run's end -> the next run's `start`, less its restore: the scheduler's idle time and the new
-  process's start-up (imports, accelerator and model initialisation), which the log cannot tell apart (it holds
-  no process start time). A `start` without `restore_s` (logs written before the field) leaves its restore here;
-  `restore_unrecorded` counts those runs;
+- `idle_between_runs`: a run's end -> the next run's process start (its `start` event's `process_start_t`): the
+  scheduler's part, no process of the job alive;
+- `start_up`: that process's start -> its `start` event, less its restore: imports, jax's distributed and
+  accelerator initialisation, the experiment and the model, the checkpoint listing;
+- `between_runs`: both of the above where the `start` records no process start (off Linux, logs written before
+  the field): a run's end -> the next run's `start`, less its restore. A `start` without `restore_s` (logs written
+  before the field) leaves its restore in these; `restore_unrecorded` counts those runs;
 - `training_prep`: a run's `start` -> the end of its first step, estimated as the time to the first logged step
-  (a save, a local commit, a preemption or the exit) less the steps before it at the job's step time: the first
-  step's compilation, the input pipeline's first batch;
+  (the `first_step` event, a save, a local commit, a preemption or the exit) less the steps before it at the job's
+  step time: the first step's compilation, the input pipeline's first batch;
 - `productive_training`: time training steps that survive into the final lineage: run k's steps up to the
   lowest step any later run restored (the last run: all of them), less the save blocking in that time;
 - `wasted_progress`: time training steps that a later run did not restore (trained past the step it restored
@@ -46,7 +49,7 @@ from pax_autockpt.tools.report import model
 from pax_autockpt.tools.report import values
 
 BUCKETS = ('productive_training', 'wasted_progress', 'training_prep', 'checkpoint_save', 'checkpoint_restore',
-           'between_runs', 'other')
+           'idle_between_runs', 'start_up', 'between_runs', 'other')
 
 
 @dataclasses.dataclass
@@ -59,6 +62,7 @@ class Measured:
   last_run_open: bool             # the last run has no exit event (killed, or still running): wall is at least
   step_time_s: float | None       # the step time the estimates use
   restore_unrecorded: int = 0     # restarted runs whose `start` has no restore_s: their restore is in between_runs
+  process_start_known: int = 0    # restarted runs whose `start` has process_start_t: split into idle and start-up
   note: str | None = None
 
   def to_dict(self) -> dict[str, Any]:
@@ -166,17 +170,34 @@ def _split(run: model.Run, saves: list[model.Save], ceiling: float, seconds: flo
                 blocking=sum(s.blocking_s for s in saves))
 
 
-def _between(runs: list[model.Run], saves: list[list[model.Save]]) -> tuple[float, float, int]:
-  """The time between runs, the restores in it, and how many of those were not recorded."""
-  gaps, restores, unrecorded = 0.0, 0.0, 0
+@dataclasses.dataclass
+class _Between:
+  """The time between runs: idle (end -> the next process's start), start-up (-> its `start`, less the restore),
+  both where the process start is unknown (rest), the restores; runs without restore_s or process_start_t."""
+  idle: float = 0.0
+  start_up: float = 0.0
+  rest: float = 0.0
+  restores: float = 0.0
+  unrecorded: int = 0
+  known: int = 0
+
+
+def _between(runs: list[model.Run], saves: list[list[model.Save]]) -> _Between:
+  """Each gap between runs cut at the new process's start where its `start` records one: what the scheduler
+  took apart from what the job's own start-up took, the part an operator can work on."""
+  out = _Between()
   for a, b, sa in zip(runs, runs[1:], saves):
-    gap = _begin(b) - _end(a, sa)
-    gaps += gap
-    if b.restore_s is not None:
-      restores += min(b.restore_s, max(0.0, gap))
-    elif b.restored_step is not None:
-      unrecorded += 1
-  return gaps - restores, restores, unrecorded
+    end = _end(a, sa)
+    gap = _begin(b) - end
+    restore = min(b.restore_s, max(0.0, gap)) if b.restore_s is not None else 0.0
+    out.restores += restore
+    out.unrecorded += int(b.restore_s is None and b.restored_step is not None)
+    if b.process_start_t is None:
+      out.rest += gap - restore
+      continue
+    idle = min(max(0.0, b.process_start_t - end), max(0.0, gap - restore))
+    out.idle, out.start_up, out.known = out.idle + idle, out.start_up + gap - restore - idle, out.known + 1
+  return out
 
 
 def measure(report: model.Report) -> Measured:
@@ -191,11 +212,12 @@ def measure(report: model.Report) -> Measured:
     return Measured(None, {}, {}, None, killed, open_end, seconds,
                     note='not enough events yet: it needs a run\'s start and a later event')
   splits = [_split(r, s, c, seconds) for r, s, c in zip(runs, saves, _ceilings(runs))]
-  between, restores, unrecorded = _between(runs, saves)
+  between = _between(runs, saves)
   got = {'productive_training': sum(x.productive for x in splits), 'wasted_progress': sum(x.wasted for x in splits),
          'training_prep': sum(x.prep for x in splits), 'checkpoint_save': sum(x.blocking for x in splits),
-         'checkpoint_restore': restores, 'between_runs': between}
+         'checkpoint_restore': between.restores, 'idle_between_runs': between.idle, 'start_up': between.start_up,
+         'between_runs': between.rest}
   got['other'] = wall - sum(got.values())
   note = None if seconds is not None else 'no step time measured (< 2 committed saves in one run): start-up counted 0'
   return Measured(wall, got, {k: v / wall for k, v in got.items()}, got['productive_training'] / wall,
-                  killed, open_end, seconds, unrecorded, note)
+                  killed, open_end, seconds, between.unrecorded, between.known, note)

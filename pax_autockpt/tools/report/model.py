@@ -54,6 +54,11 @@ class Run:
   points: list[tuple[float, int]] = dataclasses.field(default_factory=list, repr=False)
   restored_from: str | None = None  # 'local', 'bucket' or None (fresh, or not recorded)
   restore_s: float | None = None  # how long its restore took (None: nothing restored, or a log before the field)
+  process_start_t: float | None = None  # its process's start (None: not recorded: off Linux, or an older log)
+  imported_s: float | None = None  # process start -> pax_autockpt.main's imports done
+  distributed_s: float | None = None  # paxml's setup_jax: jax.distributed's initialize (pax_autockpt.main only)
+  t_first_step: float | None = None  # its `first_step` event: the first step done (None: none logged)
+  compile_s: float | None = None  # its first train_step call: the step's trace and compile
 
 
 @dataclasses.dataclass
@@ -100,6 +105,21 @@ class Notice:
 
 
 @dataclasses.dataclass
+class RestartPhases:
+  """One restart's downtime phase by phase, on one host (host 0's, else the lowest host's): scheduler_s through
+  restore_s add up to the restart's downtime (the previous run's last event -> this run's `start`), first_step_s
+  takes it on to the first step's end; total_s is the sum (an unknown phase counts 0, its time in setup_s)."""
+  scheduler_s: float              # the previous run's last event -> this process's start: the scheduler's part
+  imports_s: float | None         # process start -> pax_autockpt.main's imports (paxml, jax) done
+  distributed_s: float | None     # paxml's setup_jax: jax.distributed.initialize and the backend's start
+  setup_s: float                  # the rest before the `start` event: flags, experiment, model, checkpoint listing
+  restore_s: float | None
+  first_step_s: float | None      # `start` -> the first step done: its compile, its input, the step
+  compile_s: float | None         # within first_step_s: the first train_step call (trace and compile)
+  total_s: float
+
+
+@dataclasses.dataclass
 class Restart:
   index: int                      # the new run's index (>= 1)
   hosts: list[int]
@@ -112,6 +132,7 @@ class Restart:
   cost_s: float | None
   restored_from: str | None = None  # the tier the new run restored from: 'local', 'bucket' or None
   previous_exit_code: int | None = None  # how the previous run ended (None: killed, or not recorded)
+  phases: RestartPhases | None = None  # None: the `start` records no process start (off Linux, an older log)
 
 
 @dataclasses.dataclass
@@ -174,6 +195,7 @@ class Report:
   local: LocalTier | None = None  # the local tier's saves and restores (None: the job never used one)
   adaptive_interval_s: float | None = None   # the Young/Daly interval at the last continuous save
   adaptive_mtbf_hours: float | None = None   # the MTBF it was computed for (--autockpt_mtbf_hours)
+  restart_phases: dict[str, float | None] | None = None  # per RestartPhases field, its median over the restarts
 
   def to_dict(self, mtbf_hours: float | None = None) -> dict[str, Any]:
     """JSON-native: string keys, lists, finite floats; `json.loads(json.dumps(d)) == d`."""

@@ -184,7 +184,16 @@ _TIERS = {None: 'fresh', 'bucket': 'the job directory', 'local': 'the local tier
 
 _BADPUT_WORDS = (('wasted_progress', 'wasted progress'), ('training_prep', 'start-up to the first step'),
                  ('checkpoint_save', 'save blocking'), ('checkpoint_restore', 'restore'),
+                 ('idle_between_runs', 'idle between runs'), ('start_up', 'start-up'),
                  ('between_runs', 'between runs (idle, start-up)'), ('other', 'other'))
+_SPLIT = ('idle_between_runs', 'start_up')  # where a `start` records its process's start, else in between_runs
+
+
+def _shown(m: measured.Measured, key: str) -> bool:
+  """Idle and start-up where some restart recorded its process start; the combined bucket where one did not."""
+  if key in _SPLIT:
+    return m.process_start_known > 0
+  return key != 'between_runs' or not m.process_start_known or m.seconds[key] != 0
 
 
 def _measured_line(r: model.Report) -> str:
@@ -194,7 +203,7 @@ def _measured_line(r: model.Report) -> str:
     return f'goodput (measured): {m.note}'
   share = lambda key: f'{_fmt_s(m.seconds[key])} ({100 * m.shares[key]:.1f}%)'
   wall = ('at least ' if m.last_run_open else '') + f'{_fmt_s(m.wall_s)} wall'
-  badput = ', '.join(f'{words} {share(key)}' for key, words in _BADPUT_WORDS)
+  badput = ', '.join(f'{words} {share(key)}' for key, words in _BADPUT_WORDS if _shown(m, key))
   caveat = []
   if m.killed_runs - m.last_run_open:
     caveat.append(f'{m.killed_runs - m.last_run_open} killed run(s) end at their last event here: wasted progress is '
@@ -205,6 +214,25 @@ def _measured_line(r: model.Report) -> str:
     caveat.append(m.note)
   return (f'goodput (measured): {100 * m.goodput:.1f}% of {wall}, productive training '
           f'{_fmt_s(m.seconds["productive_training"])}; badput: {badput}' + ''.join(f'; {c}' for c in caveat))
+
+
+_PHASE_WORDS = (('scheduler_s', 'scheduler'), ('imports_s', 'imports'), ('distributed_s', 'distributed init'),
+                ('setup_s', 'set-up'), ('restore_s', 'restore'), ('first_step_s', 'to the first step'))
+
+
+def _phases_lines(r: model.Report) -> list[str]:
+  """Where a restart's downtime goes, phase by phase (medians over the restarts; --json has each restart's)."""
+  if not r.restart_details:
+    return []
+  p = r.restart_phases
+  if p is None:
+    return ['restart phases: n/a (no restart\'s start event records its process\'s start: off Linux, or a log '
+            'before process_start_t)']
+  n = p['restarts']
+  parts = [f'{words} {_fmt_s(p[key])}' + (f' (compile {_fmt_s(p["compile_s"])})' if key == 'first_step_s' else '')
+           for key, words in _PHASE_WORDS]
+  return [f'restart phases (median of {n} restart{"s" if n > 1 else ""}): {", ".join(parts)}; '
+          f'{_fmt_s(p["total_s"])} in all, from the previous run\'s last event']
 
 
 def _goodput_line(r: model.Report, mtbf_hours: float | None) -> str:
@@ -243,6 +271,7 @@ def format_text(report: model.Report, mtbf_hours: float | None = None) -> str:
       *_storage_lines(r),
       *_local_lines(r),
       f'restart cost R: {_fmt_s(r.restart_cost_s)} per restart ({r.restart_cost_note})',
+      *_phases_lines(r),
       _measured_line(r),
       _goodput_line(r, mtbf_hours),
       *_adaptive_lines(r),
