@@ -128,7 +128,7 @@ def _check_local_dir(local_dir: str, experiment: str, wiring: hosts.Wiring) -> N
     _fail(problem)
   if local_dir:  # held from now on (a no-op where precheck took it): a second live job stops here, exit 2
     try:
-      local_lock.hold(local_dir.replace('{host}', str(wiring.host_idx or 0)), FLAGS.job_log_dir, wiring.host_idx or 0)
+      local_lock.hold(layout.local_dir(local_dir, wiring.host_idx or 0), FLAGS.job_log_dir, wiring.host_idx or 0)
     except settings_lib.ConfigError as e:
       _fail(str(e))
 
