@@ -45,6 +45,12 @@ def _events_of_run(job_dir, runs_before):
   return events[starts[runs_before]:] if len(starts) > runs_before else []
 
 
+def _logged_commit(job_dir, step):
+  """Whether host 0 logged the commit of `step`: the evidence a restart reads (a kill between orbax's rename and
+  that event leaves a checkpoint whose deletion no restart can tell from a save that never committed)."""
+  return any(e['event'] == 'save_committed' and e.get('step') == step for e in events_lib.read(job_dir, 0))
+
+
 def _newest_local(folder, without=None):
   """The newest committed local step in `folder` (the event log sums commits up once a minute), once
   `without` is gone from it (a leftover the run's first commit removes); else 0."""
@@ -123,8 +129,8 @@ def test_a_local_step_restores_only_into_its_job_and_lineage_and_is_never_strand
 
   # 1. Local steps past checkpoint 400, then an unplanned kill.
   run = _start(jobs, tmp_path, 'run1', job_dir, fresh=False)
-  process.wait_until(lambda: _newest_local(local) >= 430 and 400 in checkpoint_steps(job_dir)[0],
-                     'local steps past 430 and checkpoint 400', 300, 0.05, run)
+  process.wait_until(lambda: _newest_local(local) >= 430 and _logged_commit(job_dir, 400),
+                     'local steps past 430 and the commit of checkpoint 400 logged', 300, 0.05, run)
   run.kill()
   grown_from_400 = layout.local_committed_steps(local)[-1]
   assert checkpoint_steps(job_dir)[0] == [0, 200, 400] and grown_from_400 > 400
