@@ -12,6 +12,7 @@ _marks: dict[str, float] = {}  # name -> when it was first reached (wall clock)
 IMPORTED = 'imported'  # pax_autockpt.main finished importing paxml and jax
 JAX_SETUP = 'jax_setup'  # pax_autockpt.main calls paxml's main, whose setup_jax initialises jax.distributed
 VALIDATED = 'validated'  # paxml validates the experiment, right after its setup_jax
+_began: list[float] = []  # set by a standby when it becomes a host: its start-up begins then, not at its spawn
 
 
 def mark(name: str) -> None:
@@ -19,14 +20,28 @@ def mark(name: str) -> None:
   _marks.setdefault(name, time.time())
 
 
+def started_at(t: float) -> None:
+  """A standby process (pax_autockpt.standby) became a host at `t`: its start-up is measured from then (its
+  imports, done before, are not this start's)."""
+  _began[:] = [t]
+
+
+def reached(name: str) -> float | None:
+  """When the process first reached `name` (unix seconds), None if it has not (e.g. under stock paxml main)."""
+  return _marks.get(name)
+
+
 def process_start_t() -> float | None:
-  """This process's start, unix seconds, from Linux's /proc; None elsewhere or where /proc cannot say.
+  """This process's start, unix seconds, from Linux's /proc (a standby's: when it became a host); None elsewhere
+  or where /proc cannot say.
 
   /proc/self/stat's starttime counts clock ticks since boot; /proc/stat's btime (the boot, unix seconds) is
   whole seconds and drifts from the wall clock as NTP corrects it, so the boot is placed by /proc/uptime against
   time.time() instead (10 ms resolution), unless the two disagree by more than 2 s (a container whose uptime is
   its own): then btime's.
   """
+  if _began:
+    return _began[0]
   try:
     with open('/proc/self/stat') as f:
       stat = f.read()
@@ -47,8 +62,9 @@ def process_start_t() -> float | None:
 def start_fields() -> dict[str, float]:
   """The `start` event's start-up fields that are known: `process_start_t`, `imported_s` (process start -> the
   heavy imports done) and `distributed_s` (paxml's setup_jax, jax.distributed.initialize in it; only under
-  pax_autockpt.main, which brackets the call). A field not measured is absent."""
-  fields = {}
+  pax_autockpt.main, which brackets the call); `standby`: true for a standby that became this host. A field not
+  measured is absent."""
+  fields = {'standby': True} if _began else {}
   began = process_start_t()
   if began is not None:
     fields['process_start_t'] = round(began, 3)

@@ -22,7 +22,6 @@ import atexit
 import json
 import os
 import queue
-import re
 import runpy
 import select
 import signal
@@ -33,26 +32,19 @@ import time
 import traceback
 import warnings
 
+from pax_autockpt import standby
 from pax_autockpt.tools import process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAIN = 'pax_autockpt.main'
-# Read after the fork (by pax_autockpt, when XLA's backend starts, or when jax.distributed starts), so
-# they may differ from the server's: the key of `server_for` leaves them out.
-RUNTIME_VARIABLES = re.compile(r'AUTOCKPT_|XLA_FLAGS$|JAX_COORDINATOR_BIND_ADDRESS$|GCE_METADATA_HOST$|'
-                               r'PYTEST_|MEGASCALE_|TPU_WORKER_|SLURM_')
+# Read after the fork: the key of `server_for` leaves them out (the product's standby processes, which import
+# ahead of need as this server does, draw the same line).
+RUNTIME_VARIABLES = standby.RUNTIME_VARIABLES
 
 
 def _preload() -> None:
-  """What `pax_autockpt.main` imports after its own checks, in the same order (its lambda-source lookup
-  first), and the program hook its experiments import; `pax_autockpt.main` itself is not imported, since
-  it defines its flags when run."""
-  from pax_autockpt import lambda_source  # pylint: disable=g-import-not-at-top
-  lambda_source.install()
-  import importlib  # pylint: disable=g-import-not-at-top
-  for module in ('jax', 'paxml.main', 'fiddle.absl_flags', 'etils.epath', 'pax_autockpt.hosts',
-                 'pax_autockpt.mesh', 'pax_autockpt.outcomes', 'pax_autockpt.experiment'):
-    importlib.import_module(module)
+  """What `pax_autockpt.main` imports after its own checks (`pax_autockpt.standby.preload`)."""
+  standby.preload()
 
 
 def _redirect(request: dict) -> None:

@@ -20,6 +20,13 @@ def _parser() -> argparse.ArgumentParser:
   launch.add_argument('--preempt_host', type=int, default=None, help='only to this host (default: all)')
   launch.add_argument('--peer_exit_secs', type=float, default=60.0,
                       help='once a host failed, SIGKILL the others after this many seconds')
+  launch.add_argument('--max_restarts', type=int, default=0,
+                      help='after a failure (a crash, a kill, a failure exit, a SIGTERM the launcher did not send), '
+                      'start every host again, up to this many times; never after exit 0, 2 or a stop the launcher '
+                      'received')
+  launch.add_argument('--no_standby', action='store_true',
+                      help='with --max_restarts: restart from fresh interpreters instead of standby processes that '
+                      'imported paxml ahead of need')
   launch.add_argument('args', nargs=argparse.REMAINDER,
                       help='-- then the pax_autockpt.main flags (--exp, --job_log_dir, ...)')
 
@@ -67,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     rest = args.args[1:] if args.args[:1] == ['--'] else args.args
     cfg = launcher.LaunchConfig(num_hosts=args.num_hosts, num_slices=args.num_slices, port=args.port,
                                 preempt_after=args.preempt_after, preempt_host=args.preempt_host,
-                                peer_exit_secs=args.peer_exit_secs, args=tuple(rest))
+                                peer_exit_secs=args.peer_exit_secs, args=tuple(rest),
+                                max_restarts=args.max_restarts, standby=not args.no_standby)
     try:
       return launcher.launch(cfg)
     except launcher.LaunchError as e:

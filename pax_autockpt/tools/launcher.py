@@ -4,6 +4,12 @@ Each host is `python -m pax_autockpt.main ARGS --host_idx=i --num_hosts=N --serv
 with one CPU device and Gloo cross-process collectives (the one set-up that trains across local
 processes with jaxlib 0.4.26: with 2+ devices per process Gloo's context set-up times out). Processes
 are grouped into slices in host order; praxis lays jax.devices() (ordered by process) out as ICI x DCN.
+
+With `--max_restarts N` the launcher is also the job's scheduler: when a host fails (a crash, a kill, a
+failure exit, a SIGTERM it did not send) every host starts again, up to N times, as a JobSet or Slurm's
+`--requeue` would — never after exit 0, a bad-input exit (2: a rerun fails the same way) or a signal the
+launcher itself received or sent. Once every host has trained a step, it keeps one standby process per host
+(`pax_autockpt.standby`: paxml, jax and TensorFlow imported ahead of need), so a restart skips the imports.
 """
 
 import ctypes
@@ -21,10 +27,12 @@ from pax_autockpt import hosts
 from pax_autockpt import layout
 from pax_autockpt import settings as settings_lib
 from pax_autockpt import signals
+from pax_autockpt import standby as standby_lib
 
 # Console tail: the plugin's own lines and failures; everything goes to the host's log file.
 _TAIL = re.compile(r'\[autockpt\]|Traceback|[A-Z][A-Za-z]*Error\b|^error:|Fatal|Aborted')
 _FAILED = 'failed'
+_BAD_INPUT = 2  # pax_autockpt.main's exit for bad input (CONTRACT): a rerun would fail the same way
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -37,6 +45,8 @@ class LaunchConfig:
   preempt_host: int | None = None
   peer_exit_secs: float = 60.0  # after one host fails, how long the others get before SIGKILL
   args: Sequence[str] = ()
+  max_restarts: int = 0  # in-place restarts of the whole job after a failure
+  standby: bool = True  # with max_restarts: restarts start from processes that imported ahead of need
 
 
 class LaunchError(ValueError):
@@ -77,6 +87,8 @@ def validate(cfg: LaunchConfig) -> None:
     raise LaunchError(f'--port={cfg.port}: use a free TCP port 1..65535, or omit it')
   if cfg.preempt_after is not None and cfg.preempt_after < 0:
     raise LaunchError(f'--preempt_after={cfg.preempt_after}: use seconds >= 0')
+  if cfg.max_restarts < 0:
+    raise LaunchError(f'--max_restarts={cfg.max_restarts}: use 0 (no restart) or more')
   if cfg.preempt_host is not None and not 0 <= cfg.preempt_host < cfg.num_hosts:
     raise LaunchError(f'--preempt_host={cfg.preempt_host} is out of range: use 0..{cfg.num_hosts - 1}')
   for banned in ('--host_idx', '--num_hosts', '--server_addr'):
@@ -118,25 +130,38 @@ def _sigterm_when_launcher_dies(launcher_pid: int):
 _CONSOLE = threading.Lock()
 
 
-class _Host:
-  """One child process; its output goes to its log file, plugin lines also to the console."""
+_STANDBY_READY_SECS = 120.0  # a standby still importing after this long is replaced by a fresh interpreter
+_STEP_DONE = re.compile(r'\[PAX STATUS\]: Step `\d+` completed')  # paxml's line for a trained step
 
-  def __init__(self, idx: int, argv: list[str], env: dict[str, str], log_path: str):
+
+def _spawn(argv: list[str], env: dict[str, str], stdin=subprocess.DEVNULL) -> subprocess.Popen:
+  """A host or a standby: its own session (a terminal's Ctrl-C reaches the launcher only, which forwards it
+  once), SIGTERM if the launcher dies, output to a pipe the launcher reads."""
+  return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=stdin,
+                          start_new_session=True, preexec_fn=_sigterm_when_launcher_dies(os.getpid()))
+
+
+class _Host:
+  """One host's process; its output goes to its log file, plugin lines also to the console."""
+
+  def __init__(self, idx: int, proc: subprocess.Popen, log_path: str, early: Sequence[bytes] = ()):
     self.idx = idx
     self.log_path = log_path
-    # Own session: a terminal's Ctrl-C reaches the launcher only, which forwards it once.
-    self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True,
-                                 preexec_fn=_sigterm_when_launcher_dies(os.getpid()))
+    self.proc = proc
+    self._early = early  # a standby's output before it became this host (its imports')
+    self.trained = threading.Event()  # paxml reported a trained step
     self.pump = threading.Thread(target=self._pump, daemon=True)
     self.pump.start()
 
   def _pump(self):
     with open(self.log_path, 'ab') as log:
+      log.writelines(self._early)
       for raw in self.proc.stdout:
         log.write(raw)
         log.flush()
         line = raw.decode(errors='replace').rstrip()
+        if _STEP_DONE.search(line):
+          self.trained.set()
         if _TAIL.search(line):
           with _CONSOLE:  # print() writes the line and its newline apart: two hosts' lines could merge
             sys.stdout.write(f'[host {self.idx}] {line[-300:]}\n')
@@ -150,56 +175,170 @@ class _Host:
         pass
 
 
+class _Standby:
+  """A process per host that imports paxml ahead of need (pax_autockpt.standby), started with `env`; `ready`
+  once its imports are done (its output until then is kept for the host's log)."""
+
+  def __init__(self, env: dict[str, str]):
+    self.env = env
+    self.proc = _spawn([sys.executable, '-m', 'pax_autockpt.standby'], env, stdin=subprocess.PIPE)
+    self.early: list[bytes] = []
+    self.ready = threading.Event()
+    self._reader = threading.Thread(target=self._read_until_ready, daemon=True)
+    self._reader.start()
+
+  def _read_until_ready(self) -> None:
+    for raw in self.proc.stdout:
+      if raw == standby_lib.READY:
+        self.ready.set()
+        return
+      self.early.append(raw)
+
+  def take(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen | None:
+    """This process as the host `argv` (`python -m pax_autockpt.main ...`) runs it, once its imports are done;
+    None where it cannot be (it ended or hangs, or the host's environment differs in a variable its imports
+    read)."""
+    self._reader.join(timeout=_STANDBY_READY_SECS)
+    if not self.ready.is_set() or self.proc.poll() is not None or standby_lib.stale(self.env, env):
+      self.stop()
+      return None
+    try:
+      self.proc.stdin.write(standby_lib.request(argv[3:], env))
+      self.proc.stdin.close()
+    except OSError:  # it ended in between
+      self.stop()
+      return None
+    return self.proc
+
+  def stop(self) -> None:
+    if self.proc.poll() is None:
+      self.proc.kill()
+    self.proc.wait()
+
+
+class _Signalled:
+  """Whether the launcher received (or, with --preempt_after, sent) a stop: then no restart."""
+
+  def __init__(self):
+    self.name: str | None = None
+
+
 def launch(cfg: LaunchConfig) -> int:
-  """Starts the hosts, forwards SIGTERM/SIGINT, waits; the first non-zero code in host order wins."""
+  """Starts the hosts, forwards SIGTERM/SIGINT, waits; the first non-zero code in host order wins. With
+  --max_restarts, a failed job starts again (`restart_reason`), from standby processes where there are some."""
   validate(cfg)
-  port = cfg.port or hosts.free_loopback_port()
   job_log_dir = _job_log_dir(cfg.args)
   log_dir = layout.host_log_path(job_log_dir, 0).parent
   log_dir.mkdir(parents=True, exist_ok=True)
+  stopped, spares, restarts = _Signalled(), [], 0
+  while True:
+    codes, first_failed, spares = _run_once(cfg, job_log_dir, restarts, spares, stopped)
+    reason = restart_reason(codes, first_failed, stopped.name, restarts, cfg.max_restarts)
+    if reason is None:
+      for spare in spares:
+        spare.stop()
+      return next((c for c in codes if c != 0), 0)
+    restarts += 1
+    took = 'standby processes, imports done' if spares else 'fresh processes'
+    print(f'[launch] {reason}: restart {restarts} of {cfg.max_restarts}, every host ({took})', flush=True)
+
+
+def _clean(cfg: LaunchConfig) -> tuple[int, ...]:
+  """Exits that do not make the launcher end the other hosts: done, saved on a stop, interrupted."""
+  return (0, _preemption_exit_code(cfg.args), signals.INTERRUPT_EXIT_CODE)
+
+
+def restart_reason(codes: Sequence[int], first_failed: int | None, stopped_by: str | None, restarts: int,
+                   max_restarts: int) -> str | None:
+  """Why the job starts again after its hosts ended with `codes` (`first_failed`: the host whose failure ended
+  the others, if one did), or None. Not after a stop the launcher received or sent (`stopped_by`), nor when
+  every host ended 0, nor after bad input (2: a rerun fails the same way); a SIGTERM a host got from elsewhere
+  (a preempted VM) is a restart, as a scheduler's."""
+  if stopped_by is not None or restarts >= max_restarts or all(c == 0 for c in codes) or _BAD_INPUT in codes:
+    return None
+  host = first_failed if first_failed is not None else next(i for i, c in enumerate(codes) if c)
+  return f'host {host} ended with exit {codes[host]}'
+
+
+def _run_once(cfg: LaunchConfig, job_log_dir: str, restarts: int, spares: list[_Standby],
+              stopped: _Signalled) -> tuple[list[int], int | None, list[_Standby]]:
+  """One start of every host, to the end of all: their exit codes, the host that failed first (None: none
+  did), and the standbys kept for a next start."""
+  port = cfg.port or hosts.free_loopback_port()
   print(f'[launch] {cfg.num_hosts} hosts in {cfg.num_slices} slice(s), coordinator 127.0.0.1:{port}, '
-        f'logs {log_dir}/host<i>.log', flush=True)
-  children = [_Host(i, host_argv(cfg, i, port), host_env(port), os.fspath(layout.host_log_path(job_log_dir, i)))
-              for i in range(cfg.num_hosts)]
-
-  def forward(signum, frame):
-    """Once per signal received: the hosts run in their own sessions, so a terminal's Ctrl-C reaches
-    them only through here (a second Ctrl-C, forwarded again, makes them abort)."""
-    del frame
-    print(f'[launch] forwarding {signal.Signals(signum).name} to every host', flush=True)
-    for child in children:
-      child.signal(signum)
-
-  previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-  if cfg.preempt_after is not None:
-    targets = children if cfg.preempt_host is None else [children[cfg.preempt_host]]
-    timer = threading.Timer(cfg.preempt_after, lambda: [
-        (print(f'[launch] SIGTERM to host {c.idx} (--preempt_after)', flush=True),
-         c.signal(signal.SIGTERM)) for c in targets])
-    timer.daemon = True
-    timer.start()
+        f'logs {layout.host_log_path(job_log_dir, 0).parent}/host<i>.log', flush=True)
+  children = _start_hosts(cfg, port, job_log_dir, spares)
+  previous = {s: signal.signal(s, _forwarder(children, stopped)) for s in (signal.SIGTERM, signal.SIGINT)}
+  if cfg.preempt_after is not None and restarts == 0:
+    _preempt_later(cfg, children, stopped)
+  want_spares = cfg.standby and restarts < cfg.max_restarts
   try:
-    codes = _wait(children, cfg.peer_exit_secs,
-                  clean=(0, _preemption_exit_code(cfg.args), signals.INTERRUPT_EXIT_CODE))
+    codes, first_failed, kept = _wait(children, cfg.peer_exit_secs, clean=_clean(cfg),
+                        standbys=(lambda: [_Standby(host_env()) for _ in children]) if want_spares else None)
   finally:
     for s, handler in previous.items():
       signal.signal(s, handler)
   for child in children:
     child.pump.join(timeout=5)
     print(f'[launch] host {child.idx} exit code {codes[child.idx]}', flush=True)
-  return next((c for c in codes if c != 0), 0)
+  return codes, first_failed, kept
 
 
-def _wait(children: list[_Host], peer_exit_secs: float, clean: tuple[int, ...]) -> list[int]:
-  """Waits for all; once a host failed (not a `clean` exit), SIGKILLs the others after a while."""
-  deadline = None
+def _start_hosts(cfg: LaunchConfig, port: int, job_log_dir: str, spares: list[_Standby]) -> list[_Host]:
+  """Every host's process: its standby's where it has a usable one, else a fresh interpreter."""
+  children = []
+  for i in range(cfg.num_hosts):
+    argv, env = host_argv(cfg, i, port), host_env(port)
+    proc = spares[i].take(argv, env) if i < len(spares) else None
+    early = spares[i].early if proc else ()
+    children.append(_Host(i, proc or _spawn(argv, env), os.fspath(layout.host_log_path(job_log_dir, i)), early))
+  return children
+
+
+def _forwarder(children: list[_Host], stopped: _Signalled):
+  def forward(signum, frame):
+    """Once per signal received: the hosts run in their own sessions, so a terminal's Ctrl-C reaches
+    them only through here (a second Ctrl-C, forwarded again, makes them abort)."""
+    del frame
+    stopped.name = signal.Signals(signum).name
+    print(f'[launch] forwarding {stopped.name} to every host', flush=True)
+    for child in children:
+      child.signal(signum)
+  return forward
+
+
+def _preempt_later(cfg: LaunchConfig, children: list[_Host], stopped: _Signalled) -> None:
+  targets = children if cfg.preempt_host is None else [children[cfg.preempt_host]]
+
+  def preempt():
+    stopped.name = 'SIGTERM (--preempt_after)'
+    for c in targets:
+      print(f'[launch] SIGTERM to host {c.idx} (--preempt_after)', flush=True)
+      c.signal(signal.SIGTERM)
+  timer = threading.Timer(cfg.preempt_after, preempt)
+  timer.daemon = True
+  timer.start()
+
+
+def _wait(children: list[_Host], peer_exit_secs: float, clean: tuple[int, ...],
+          standbys=None) -> tuple[list[int], int | None, list[_Standby]]:
+  """Waits for all; once a host failed (not a `clean` exit), SIGKILLs the others after a while. Once every
+  host trained a step, `standbys()` starts the processes a restart will take (not before: their imports
+  would slow the hosts' own start on a machine they share)."""
+  deadline, kept, first_failed, announced = None, [], None, False
   while True:
     codes = [c.proc.poll() for c in children]
     if all(code is not None for code in codes):
-      return [_exit_code(code) for code in codes]
+      return [_exit_code(code) for code in codes], first_failed, kept
+    if standbys is not None and not kept and all(c.trained.is_set() for c in children):
+      kept, started = standbys(), time.time()
+    if kept and not announced and all(s.ready.is_set() for s in kept):
+      announced = True
+      print(f'[launch] {len(kept)} standby process(es) ready ({time.time() - started:.1f} s of imports): a '
+            'restart skips them', flush=True)
     failed = [c for c, code in zip(children, codes) if code is not None and code not in clean]
     if failed and deadline is None:
-      deadline = time.time() + peer_exit_secs
+      deadline, first_failed = time.time() + peer_exit_secs, failed[0].idx
       print(f'[launch] host {failed[0].idx} failed ({_exit_code(failed[0].proc.returncode)}); '
             f'others get {peer_exit_secs:.0f} s to exit', flush=True)
     if deadline is not None and time.time() > deadline:
