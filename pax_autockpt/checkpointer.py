@@ -109,6 +109,7 @@ class AutockptCheckpointer:
     self.committed_this_run: list[int] = []
     self._first_iteration = True
     self._first_step_due = True  # until the loop's second iteration: this run's first step is done
+    self.on_step: Callable[[int], None] | None = None  # each iteration, before its step (goodput recording)
     self._local, local, self._lineage, job = None, None, None, ''
     if settings.local_dir:
       job, local = self._local_tier(settings, events, slices)
@@ -227,6 +228,8 @@ class AutockptCheckpointer:
   def save_if_needed(self, step_i, partitioned_train_state, train_state_unpadded_shape_dtype_struct=None,
                      train_state_pspecs=None, train_input_pipeline=None):
     self.phases.enter(phases_lib.CHECKPOINT)
+    if self.on_step is not None:
+      self.on_step(step_i)
     self.last_step = step_i
     self._loop_items = dict(train_state_unpadded_shape_dtype_struct=train_state_unpadded_shape_dtype_struct,
                             train_state_pspecs=train_state_pspecs, train_input_pipeline=train_input_pipeline)

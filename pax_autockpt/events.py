@@ -20,7 +20,7 @@ import os
 import re
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from absl import logging
 from etils import epath
@@ -153,6 +153,7 @@ class EventLog:
     self._lock = threading.Lock()
     self._parts: _Parts | None = None
     self.kinds_written: set[str] = set()  # by this process (e.g. whether its `exit` is written)
+    self.observer: Callable[[dict[str, Any]], None] | None = None  # sees each record (pax_autockpt.goodput_recording)
     if layout.is_object_store(job_log_dir):
       self._parts = _Parts(job_log_dir, host)
     self.path = layout.events_path(job_log_dir, host)
@@ -161,6 +162,8 @@ class EventLog:
     """Logs one event; `t` defaults to now (a save_started is stamped with its start)."""
     record = {'t': time.time() if t is None else t, 'host': self.host, 'event': event, **fields}
     line = json.dumps(record)
+    if self.observer is not None:
+      self.observer(record)
     with self._lock:
       self.kinds_written.add(event)
       if self._parts is not None:

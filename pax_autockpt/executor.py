@@ -14,6 +14,7 @@ from paxml import executors
 from pax_autockpt import checkpointer as checkpointer_lib
 from pax_autockpt import events as events_lib
 from pax_autockpt import failures
+from pax_autockpt import goodput_recording
 from pax_autockpt import internals
 from pax_autockpt import layout
 from pax_autockpt import metrics as metrics_lib
@@ -34,6 +35,9 @@ class AutockptExecutor(executors.DefaultExecutor):
   def setup(self, jax_task, job_log_dir, checkpointer, *args, exit_after_ondemand_checkpoint=False,
             **kwargs):
     self._events = events_lib.EventLog(job_log_dir, jax.process_index())
+    recording = goodput_recording.start(self._settings, jax.process_index(), job_log_dir)  # host 0, if asked
+    if recording is not None:
+      self._events.observer = recording.on_event
     step_metrics = metrics_lib.StepMetrics()
     # Wrapped before the restore, so that a SIGTERM during the restore is already watched for.
     try:
@@ -44,6 +48,8 @@ class AutockptExecutor(executors.DefaultExecutor):
           slices=math.prod(getattr(jax_task.model, 'dcn_mesh_shape', None) or [1]), end=self._stopped)
     except settings_lib.ConfigError as e:  # e.g. a local directory another live job holds (pax_autockpt.local_lock)
       self._exit(2, checkpointer.step_to_restore, f'{e}; exiting 2.', error=True)
+    if recording is not None:
+      wrapped.on_step = recording.step_started
     step = checkpointer.step_to_restore
     where = 'no checkpoint: starting fresh' if step is None else f'restoring step {step}'
     if self._settings.local_dir:

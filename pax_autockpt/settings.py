@@ -7,6 +7,8 @@ that page drifts). A flag given on the command line wins over the attribute.
 """
 
 import dataclasses
+import importlib.util
+import re
 import textwrap
 import types
 from typing import Any, Callable
@@ -131,6 +133,23 @@ def _preservation_policy(v):
   return policies.problem_with(v, policies.PreservationPolicy)
 
 
+GOODPUT_INSTALL = "pip install 'pax-autockpt[goodput]'"
+
+
+def _goodput_run_name(v):
+  if not isinstance(v, str) or not re.fullmatch(r'[A-Za-z0-9._-]{0,100}', v):
+    return "use a name of up to 100 letters, digits, '.', '_' or '-' (the job's name in Cloud Logging), or '' for none"
+  if v and importlib.util.find_spec('ml_goodput_measurement') is None:
+    return f'recording needs ml-goodput-measurement, which is not installed: {GOODPUT_INSTALL}'
+  return None
+
+
+def _goodput_logger_name(v):
+  if isinstance(v, str) and re.fullmatch(r'[A-Za-z0-9._/-]{0,200}', v):
+    return None
+  return "use a Cloud Logging log name (letters, digits, '.', '_', '/', '-'), or '' for goodput_<run name>"
+
+
 def option(default: Any, doc: str, *, rule: Rule, flag: bool = True, replaced_by: tuple[str, ...] = ()) -> Any:
   """One setting: its default, its one-line meaning, its validity rule, whether it is a flag, and
   (for a policy object) the simple settings whose flags replace it."""
@@ -211,6 +230,12 @@ class Settings:
                                   "(JOB_LOG_DIR/autockpt/compilation_cache, bounded to 2 GB at each start, unless "
                                   "JAX_COMPILATION_CACHE_DIR or --jax_compilation_cache_dir names one), 'off' (none "
                                   "of ours), or a directory (a path or a gs:// URL)", rule=_compilation_cache)
+  goodput_run_name: str = option('', "record the job for Google's goodput tools (ml-goodput-measurement's "
+                                 "GoodputRecorder, host 0, to Cloud Logging) under this job name: every run of the "
+                                 "job uses the same name; '' for none (docs/report.md, \"Recording for Google's "
+                                 'goodput tools")', rule=_goodput_run_name)
+  goodput_logger_name: str = option('', "goodput_run_name: the Cloud Logging log the entries go to; '' for "
+                                    'goodput_<run name>, as MaxText names it', rule=_goodput_logger_name)
   save_policy: Any = option(None, 'any save-decision policy object, or a `pax_fiddle.Config` of one',
                             rule=_save_policy, flag=False,
                             replaced_by=('continuous', 'min_interval_secs', 'mtbf_hours'))
@@ -344,6 +369,9 @@ def validate(s: Settings, origin: dict[str, str]) -> None:
     raise ConfigError(f'{origin["min_interval_secs"]}={s.min_interval_secs!r} is invalid: it only applies '
                       'to continuous checkpointing: also set AUTOCKPT_CONTINUOUS = True (or '
                       '--autockpt_continuous)')
+  if s.goodput_logger_name and not s.goodput_run_name:
+    raise ConfigError(f'{origin["goodput_logger_name"]}={s.goodput_logger_name!r} is invalid: it only applies to '
+                      'recording: also set AUTOCKPT_GOODPUT_RUN_NAME (or --autockpt_goodput_run_name)')
   for name in ('best_metric', 'best_mode'):
     if getattr(s, name) != FIELDS[name].default and not s.keep_best:
       raise ConfigError(f'{origin[name]}={getattr(s, name)!r} is invalid: it only applies to keep_best: also '
