@@ -80,6 +80,24 @@ class LargeAutockpt(AutockptMixin, _Large):
   pass
 
 
+class _TinyTrace(_Tiny):
+  """The tiny model checkpointed as a user sets it, every 1,000 steps (~15-25 s at the 40-65 steps/s it trains
+  at on 2 CPUs), for the bench's `goodputtrace_Tiny`: an interval that several failures of its trace fall
+  inside, so work is lost; the schedule (10**6 steps) never runs out in a trace window."""
+
+  CHECKPOINT_EVERY_N_STEPS = 1000
+
+
+@experiment_registry.register
+class TinyTraceStock(_TinyTrace):
+  """The trace's model without the hook, for stock paxml/main.py."""
+
+
+@experiment_registry.register
+class TinyTraceAutockpt(AutockptMixin, _TinyTrace):
+  """The trace's model with the hook: the same model and Pax interval as TinyTraceStock."""
+
+
 @experiment_registry.register
 class TinyMultisliceRareSaves(exps.LmCloudSpmdTinyMultisliceAutockpt):
   """2 local hosts x 1 device, DCN [2, 1, 1]; Pax's interval never comes (only the initial save). On

@@ -34,6 +34,17 @@ host 1's copies of them in a 20 s window with a stranger's flood against host 0'
 Tiny ~20 minutes at 5 pairs, start-ups mostly); see buddy.py; not in the default set: ~25 and ~15 minutes at Medium:
 
   python -m pax_autockpt.tools.bench --only buddystep_Medium,buddyrelaunch_Medium,buddyflood_Tiny
+
+goodputtrace_<size> (goodput under one seeded failure trace, preemptions, crashes and replaced VMs over a 120 s
+window, 2 seeds: the lineage each arm ends with, stock paxml with the guide's two flags, ours with the job directory,
+continuous, and the local tier, against undisturbed stock; see trace.py; Tiny only; not in the default set: ~25
+minutes per pass):
+
+  python -m pax_autockpt.tools.bench --only goodputtrace_Tiny
+
+launchrestart (kill -> first step after `launch --max_restarts` restarts 2 hosts, from standby processes vs fresh
+interpreters) and restartcache_<size> (one host killed and started again at once: kill -> first step, the
+compilation cache on by default vs off vs stock paxml); see restarts.py; on demand.
 """
 
 import argparse
@@ -56,7 +67,7 @@ DEFAULT = ('tiny_local,tiny_gcs0,tiny_gcs30,ondemand_Medium_local,ondemand_Large
            'inflight_Large_gcs30,localtier_Medium_gcs30,localstep,tinyfloor,nice_local,peertransfer_Medium,planscale,'
            'anywhere')
 ON_DEMAND = ('decision_scale,peertransfer_Large,buddystep_Medium,buddyrelaunch_Medium,'  # long: run with --only
-             'buddyflood_Tiny')
+             'buddyflood_Tiny,goodputtrace_Tiny,launchrestart,restartcache_Tiny')
 
 
 def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
@@ -112,6 +123,11 @@ def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
   if kind == 'planscale':
     from pax_autockpt.tools.bench import plan_scale  # pylint: disable=g-import-not-at-top
     return plan_scale.plan_scale(args.pairs)
+  if kind in ('launchrestart', 'restartcache'):
+    from pax_autockpt.tools.bench import restarts  # pylint: disable=g-import-not-at-top
+    if kind == 'launchrestart':
+      return restarts.launch_restart(storage, args.pairs)
+    return restarts.restart_cache(storage, rest[0], args.pairs)
   if kind in ('buddystep', 'buddyrelaunch', 'buddyflood'):
     from pax_autockpt.tools.bench import buddy  # pylint: disable=g-import-not-at-top
     if kind == 'buddyflood':
@@ -120,6 +136,9 @@ def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
       cap = float(rest[1][3:]) if len(rest) > 1 and rest[1].startswith('cap') else None
       return buddy.buddy_step_time(storage, rest[0], args.pairs, max(args.secs, buddy.STEP_SECS), cap)
     return buddy.buddy_relaunch(storage, rest[0], args.pairs)
+  if kind == 'goodputtrace':
+    from pax_autockpt.tools.bench import trace  # pylint: disable=g-import-not-at-top
+    return trace.goodput_trace(storage, rest[0], args.pairs)
   raise SystemExit(f'error: unknown scenario {name!r}: choose from {DEFAULT},{ON_DEMAND}')
 
 

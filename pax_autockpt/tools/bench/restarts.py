@@ -1,0 +1,151 @@
+"""What a restart costs, from the kill to the restarted run's first trained step (issue 48).
+
+`launchrestart`: 2 local hosts under `pax-autockpt launch --max_restarts 1`; once the launcher's standby
+processes are ready, host 1 is SIGKILLed and the launcher restarts both: kill -> host 1's first step after the
+restart, from standby processes (the default) vs `--no_standby` (fresh interpreters), with the restarted
+run's phases (its `start` and `first_step` events).
+
+`restartcache_<size>`: one host; a run trains past its first checkpoint and is SIGKILLed, and the same command
+starts at once (as a scheduler restarts it): kill -> its first trained step, ours with the defaults (the
+compilation cache under the job directory, filled by the killed run) vs ours with
+`--autockpt_compilation_cache=off` vs stock paxml 1.4.0 (its default: no cache). The runs' environment carries
+no JAX_COMPILATION_CACHE_DIR of the caller's.
+
+Each pass runs the arms in turn (A, B, C, A, B, C, ...), so that this shared machine's drift hits all.
+"""
+
+import json
+import os
+import re
+import signal
+import statistics
+import sys
+import time
+
+from pax_autockpt import events as events_lib
+from pax_autockpt.tools import process
+from pax_autockpt.tools.bench import measure
+from pax_autockpt.tools.bench import scenarios
+from pax_autockpt.tools.bench.measure import Figure
+from pax_autockpt.tools.bench.measure import Storage
+
+_TWO_HOSTS = 'pax_autockpt.tools.bench_experiments.TinyMultisliceRareSaves'
+_STEP = re.compile(measure.STEP_DONE)
+_PHASES = ('imported_s', 'distributed_s', 'restore_s', 'compile_s')
+
+
+def _env() -> dict[str, str]:
+  return {k: v for k, v in os.environ.items() if not k.startswith(('JAX_COMPILATION_CACHE', 'JAX_PERSISTENT'))}
+
+
+def _first_step_after(path: str, offset: int, timeout: float = 900) -> float:
+  """When a step-completed line first appears in `path` past byte `offset` (polled every 0.05 s)."""
+  process.wait_until(lambda: _STEP.search(process.text_of(path, offset)), f'a step in {path}', timeout, 0.05)
+  return time.time()
+
+
+def _size(path: str) -> int:
+  return os.path.getsize(path) if os.path.exists(path) else 0
+
+
+def _phases(job_dir: str, host: int, after: float) -> dict[str, float]:
+  """The restarted run's start-up phases from its events (absent ones left out)."""
+  events = [e for e in events_lib.read(job_dir, host) if e['t'] >= after]
+  start = next((e for e in events if e['event'] == 'start'), {})
+  first = next((e for e in events if e['event'] == 'first_step'), {})
+  found = {k: start[k] for k in _PHASES[:3] if isinstance(start.get(k), (int, float))}
+  if isinstance(first.get('compile_s'), (int, float)):
+    found['compile_s'] = first['compile_s']
+  return found
+
+
+def _launch_restart(storage: Storage, name: str, standby: bool) -> tuple[float, dict[str, float]]:
+  """One 2-host launch, host 1 SIGKILLed once the standbys are ready: kill -> host 1's next first step."""
+  job_dir = storage.job_dir(name)
+  argv = [sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', '--num_hosts=2', '--max_restarts=1',
+          *([] if standby else ['--no_standby']), '--', f'--exp={_TWO_HOSTS}', f'--job_log_dir={job_dir}',
+          '--autockpt_notices=off']
+  job = process.Job(argv, os.path.join(storage.workdir, f'{name}.log'), env=_env())
+  host1 = os.path.join(job_dir, 'autockpt', 'host1.log')
+  try:
+    _first_step_after(host1, 0)
+    process.wait_until(lambda: 'standby process(es) ready' in job.log() or not standby, 'standbys', 300, 0.2, job)
+    pid = [e for e in events_lib.read(job_dir, 1) if e['event'] == 'start'][-1]['pid']
+    offset, killed = _size(host1), time.time()
+    os.kill(pid, signal.SIGKILL)
+    secs = _first_step_after(host1, offset) - killed
+    phases = _phases(job_dir, 1, killed)
+    job.send(signal.SIGTERM)
+    job.wait(300)
+    return secs, phases
+  finally:
+    job.kill()
+    storage.clean(job_dir)
+
+
+def launch_restart(storage: Storage, pairs: int) -> list[Figure]:
+  """kill -> first step after `launch --max_restarts`'s restart: from standby processes vs fresh ones."""
+  warm, cold, phases = [], [], []
+  for i in range(pairs):
+    secs, split = _launch_restart(storage, f'launchrestart-standby-{i}', True)
+    warm.append(secs)
+    phases.append(split)
+    cold.append(_launch_restart(storage, f'launchrestart-fresh-{i}', False)[0])
+    measure.say(f'launch restart #{i}: standby {warm[-1]:.1f} s, fresh {cold[-1]:.1f} s; standby phases {split}')
+  return [Figure('kill -> first step after launch --max_restarts restarts 2 hosts, standby vs fresh, tiny', 's',
+                 warm, cold, 'fresh interpreters'),
+          *_phase_figures('launch restart from standby', phases)]
+
+
+def _phase_figures(label: str, phases: list[dict[str, float]]) -> list[Figure]:
+  return [Figure(f'{label}: {k[:-2]}', 's', [p.get(k, float('nan')) for p in phases]) for k in _PHASES]
+
+
+def _killed_then_restarted(storage: Storage, argv: list[str], name: str, after_step: int) -> float:
+  """A run trains past `after_step` (its checkpoint committed) and is SIGKILLed; the same command starts at
+  once: kill -> its first trained step."""
+  job_dir = storage.job_dir(name)
+  logs = [os.path.join(storage.workdir, f'{name}-{k}.log') for k in ('first', 'again')]
+  first = process.Job([*argv, f'--job_log_dir={job_dir}'], logs[0], env=_env())
+  try:
+    process.wait_until(lambda: _trained_past(first.log(), after_step), f'step {after_step}', 900, 0.1, first)
+    killed = time.time()
+    first.kill()
+    again = process.Job([*argv, f'--job_log_dir={job_dir}'], logs[1], env=_env())
+    try:
+      return _first_step_after(logs[1], 0) - killed
+    finally:
+      again.kill()
+  finally:
+    first.kill()
+    storage.clean(job_dir)
+
+
+def _trained_past(log: str, step: int) -> bool:
+  return any(int(s) > step for s in re.findall(r'summary tensor at step=(\d+) ', log))
+
+
+def restart_cache(storage: Storage, size: str, pairs: int) -> list[Figure]:
+  """kill -> first step of the restart: ours (cache on by default) vs ours with the cache off vs stock."""
+  arms = {'ours': scenarios.ours(f'{size}Autockpt', '--autockpt_notices=off'),
+          'cache off': scenarios.ours(f'{size}Autockpt', '--autockpt_notices=off', '--autockpt_compilation_cache=off'),
+          'stock': scenarios.stock(f'{size}Stock', scenarios._port_flag())}  # pylint: disable=protected-access
+  got = {arm: [] for arm in arms}
+  for i in range(pairs):
+    for arm, argv in arms.items():
+      got[arm].append(_killed_then_restarted(storage, argv, f'restartcache-{size}-{arm.replace(" ", "")}-{i}', 100))
+    measure.say(f'restart {size} #{i}: ' + ', '.join(f'{a} {v[-1]:.1f} s' for a, v in got.items()))
+  return [Figure(f'kill -> first step of the restart, {size}: cache on (default) vs off', 's', got['ours'],
+                 got['cache off'], 'cache off'),
+          Figure(f'kill -> first step of the restart, {size}: ours (default) vs stock paxml', 's', got['ours'],
+                 got['stock'], 'stock paxml')]
+
+
+def summary(figures: list[Figure]) -> str:
+  """One line per figure (median, min-max): what the bench prints at the end of these scenarios."""
+  lines = []
+  for f in figures:
+    xs = [x for x in f.values if x == x]
+    if xs:
+      lines.append(f'{f.name}: {statistics.median(xs):.2f} {f.unit} ({min(xs):.2f}-{max(xs):.2f})')
+  return json.dumps(lines, indent=1)
