@@ -10,9 +10,11 @@ One job, six process starts and two short ones, each a case of issue 38 or 46 th
    and while it runs, a second live job on that local directory exits 2 in one line naming the holder;
 2. the user rolls back (deletes checkpoint 400): the restart restores 200, not the local step grown from 400;
    it trains on to a new 400 and past it, SIGTERM: an on-demand checkpoint S;
-3. S's largest chunk is cut to a third (a crash before the data reached the disk; S is a raw on-demand save):
-   the restart finds the evidence, sets S aside and restores the newest local step (newer than 400), not
-   400; a SIGTERM during that restore saves the local step to the job directory before exiting 143;
+3. S's largest chunk is cut to a third (a crash before the data reached the disk; S is a raw on-demand save),
+   and beside the newest local step lie a newer half-written one and a newer one with a flipped byte: the
+   restart finds the evidence, sets S aside, passes the broken local steps over and restores the newest whole
+   local step (newer than 400), not 400; a SIGTERM during that restore saves the local step to the job
+   directory before exiting 143;
 4. the VM is replaced (local directory gone): the rerun resumes from that step; a SIGTERM during its first
    compile (no compilation cache) exits 143 at once, nothing trained; the next run trains to the end.
 """
@@ -114,6 +116,18 @@ def _since(holder):
   return time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(holder['since']))
 
 
+def _newer_but_broken_local_steps(local, newest):
+  """Beside the newest local step, newer ones no restart may take: a half-written one (a SIGKILL mid-save,
+  newest + 40) and a committed one with a flipped byte (a bad disk block, newest + 20)."""
+  layout.local_partial_dir(local, newest + 40).mkdir()
+  (layout.local_partial_dir(local, newest + 40) / layout.LOCAL_SHARDS).write_bytes(b'\0' * 100)
+  target = layout.local_step_dir(local, newest + 20)
+  shutil.copytree(layout.local_step_dir(local, newest), target)
+  data = bytearray((target / layout.LOCAL_SHARDS).read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  (target / layout.LOCAL_SHARDS).write_bytes(bytes(data))
+
+
 def _truncate_largest_chunk(step_path):
   """Cuts the checkpoint's largest array chunk to a third; returns it as `array/chunk`."""
   chunks = [p for p in glob.glob(os.path.join(step_path, 'state', '*', '*')) if not os.path.basename(p).startswith('.')]
@@ -153,8 +167,10 @@ def test_a_local_step_restores_only_into_its_job_and_lineage_and_is_never_strand
   # 3. The on-demand checkpoint damaged: set aside, and the freshest copy is the newest local step (not 400).
   # A SIGTERM during that restore: the local step is saved to the job directory, then exit 143.
   chunk = _truncate_largest_chunk(layout.step_dir(ckpt, ondemand))
+  _newer_but_broken_local_steps(local, newest_local)
   run = _start(jobs, tmp_path, 'run3', job_dir)
   run.wait_for_log(r'local tier: this host offers steps')
+  assert f'local step {newest_local + 20} is not offered for the restore: damaged (' in run.log()
   run.send(signal.SIGTERM)
   assert run.wait(180) == 143, run.log()[-3000:]
   start = _started(job_dir, 2, run)

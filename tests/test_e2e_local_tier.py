@@ -4,9 +4,9 @@ Real input (a shuffled TFRecord file, input checkpointing on); the job directory
 at steps 0 and 600 (the bucket tier, rare on purpose), the local tier saves back to back at most every
 0.5 s. A SIGKILL mid-training, no signal, no save: the restart must restore the newest complete local
 step (never a half-written or damaged one), not the bucket's step 0, and the run's end must be
-identical, array by array and input position, to an uninterrupted run's. `make test`: one host;
-`make soak`: two hosts on the local GCS, one host's local disk replaced (empty) and filled by its
-replica, then every local disk empty (the bucket's step).
+identical, array by array and input position, to an uninterrupted run's. `make soak`: one host; two hosts
+on the local GCS, one host's local disk replaced (empty) and filled by its replica, then every local disk
+empty (the bucket's step).
 """
 
 import contextlib
@@ -63,6 +63,8 @@ def _damaged_copy(folder, step, new_step):
   shards.write_bytes(bytes(data))
 
 
+@pytest.mark.soak  # make test: the README tutorial (kill -9, the local step, identical) and the lineage test (broken
+# newer local steps passed over, in a fresh interpreter)
 def test_sigkill_one_host_resumes_from_the_newest_local_step_identical_to_an_uninterrupted_run(
     jobs, tmp_path, uninterrupted_tfrecord_run):
   env = {**os.environ, 'AUTOCKPT_TINY_TFRECORD': uninterrupted_tfrecord_run.corpus}
