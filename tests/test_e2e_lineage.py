@@ -169,10 +169,10 @@ def test_a_local_step_restores_only_into_its_job_and_lineage_and_is_never_strand
   chunk = _truncate_largest_chunk(layout.step_dir(ckpt, ondemand))
   _newer_but_broken_local_steps(local, newest_local)
   run = _start(jobs, tmp_path, 'run3', job_dir)
-  run.wait_for_log(r'local tier: this host offers steps')
-  assert f'local step {newest_local + 20} is not offered for the restore: damaged (' in run.log()
+  run.wait_for_log(r'local tier: this host offers steps')  # the first offer: before S is found damaged
   run.send(signal.SIGTERM)
   assert run.wait(180) == 143, run.log()[-3000:]
+  assert f'local step {newest_local + 20} is not offered for the restore: damaged (' in run.log()  # 2nd offer
   start = _started(job_dir, 2, run)
   assert (start['restored_step'], start['restored_from']) == (newest_local, 'local'), run.log()[-3000:]
   skipped, = [e for e in events_lib.read(job_dir, 0) if e['event'] == 'restore_skipped']  # before its start event
