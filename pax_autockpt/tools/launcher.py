@@ -97,10 +97,14 @@ def validate(cfg: LaunchConfig) -> None:
   _job_log_dir(cfg.args)
 
 
-def host_argv(cfg: LaunchConfig, host: int, port: int) -> list[str]:
-  return [sys.executable, '-m', 'pax_autockpt.main', *cfg.args, f'--host_idx={host}',
-          f'--num_hosts={cfg.num_hosts}', f'--server_addr=127.0.0.1:{port}',
+def host_args(cfg: LaunchConfig, host: int, port: int) -> list[str]:
+  """The `pax_autockpt.main` flags of host `host` (what a standby is handed, or a fresh interpreter runs)."""
+  return [*cfg.args, f'--host_idx={host}', f'--num_hosts={cfg.num_hosts}', f'--server_addr=127.0.0.1:{port}',
           '--jax_cpu_enable_gloo_collectives=true']
+
+
+def host_argv(cfg: LaunchConfig, host: int, port: int) -> list[str]:
+  return [sys.executable, '-m', standby_lib.MAIN, *host_args(cfg, host, port)]
 
 
 def host_env(port: int | None = None) -> dict[str, str]:
@@ -194,8 +198,8 @@ class _Standby:
         return
       self.early.append(raw)
 
-  def take(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen | None:
-    """This process as the host `argv` (`python -m pax_autockpt.main ...`) runs it, once its imports are done;
+  def take(self, args: list[str], env: dict[str, str]) -> subprocess.Popen | None:
+    """This process as the host `python -m pax_autockpt.main ARGS` with `env`, once its imports are done;
     None where it cannot be (it ended or hangs, or the host's environment differs in a variable its imports
     read)."""
     self._reader.join(timeout=_STANDBY_READY_SECS)
@@ -203,7 +207,7 @@ class _Standby:
       self.stop()
       return None
     try:
-      self.proc.stdin.write(standby_lib.request(argv[3:], env))
+      self.proc.stdin.write(standby_lib.request(args, env))
       self.proc.stdin.close()
     except OSError:  # it ended in between
       self.stop()
@@ -228,8 +232,7 @@ def launch(cfg: LaunchConfig) -> int:
   --max_restarts, a failed job starts again (`restart_reason`), from standby processes where there are some."""
   validate(cfg)
   job_log_dir = _job_log_dir(cfg.args)
-  log_dir = layout.host_log_path(job_log_dir, 0).parent
-  log_dir.mkdir(parents=True, exist_ok=True)
+  layout.host_log_path(job_log_dir, 0).parent.mkdir(parents=True, exist_ok=True)
   stopped, spares, restarts = _Signalled(), [], 0
   while True:
     codes, first_failed, spares = _run_once(cfg, job_log_dir, restarts, spares, stopped)
@@ -239,7 +242,7 @@ def launch(cfg: LaunchConfig) -> int:
         spare.stop()
       return next((c for c in codes if c != 0), 0)
     restarts += 1
-    took = 'standby processes, imports done' if spares else 'fresh processes'
+    took = 'standby processes' if spares else 'fresh processes'
     print(f'[launch] {reason}: restart {restarts} of {cfg.max_restarts}, every host ({took})', flush=True)
 
 
@@ -288,10 +291,11 @@ def _start_hosts(cfg: LaunchConfig, port: int, job_log_dir: str, spares: list[_S
   """Every host's process: its standby's where it has a usable one, else a fresh interpreter."""
   children = []
   for i in range(cfg.num_hosts):
-    argv, env = host_argv(cfg, i, port), host_env(port)
-    proc = spares[i].take(argv, env) if i < len(spares) else None
+    env = host_env(port)
+    proc = spares[i].take(host_args(cfg, i, port), env) if i < len(spares) else None
     early = spares[i].early if proc else ()
-    children.append(_Host(i, proc or _spawn(argv, env), os.fspath(layout.host_log_path(job_log_dir, i)), early))
+    log = os.fspath(layout.host_log_path(job_log_dir, i))
+    children.append(_Host(i, proc or _spawn(host_argv(cfg, i, port), env), log, early))
   return children
 
 
