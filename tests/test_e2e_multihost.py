@@ -88,7 +88,8 @@ def _restarted_in_place_from_standbys(job_dir, launch, restored):
   starts = [_wait_event(job_dir, host, 'start', launch, after=killed) for host in (0, 1)]
   assert '[launch] host 1 ended with exit 137: restart 1 of 1, every host (standby processes' in launch.log()
   assert [(s['standby'], s['restored_step']) for s in starts] == [(True, restored)] * 2, starts
-  assert all(s['imported_s'] < 1.0 and s['process_start_t'] - killed < 5.0 for s in starts), starts
+  # handed over once both hosts ended (host 0 aborts within seconds), not after the launcher's 60 s SIGKILL of a peer
+  assert all(s['imported_s'] < 1.0 and s['process_start_t'] - killed < 30.0 for s in starts), starts
   _wait_training(job_dir, 1, launch, since=since[1])
   print(f'SIGKILL of host 1 -> both restarted from standbys, started {starts[1]["t"] - killed:.2f} s after it')
 
