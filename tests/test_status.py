@@ -181,3 +181,21 @@ def test_the_local_tier_line_reads_the_directory_or_says_how_old_the_logs_figure
   _run(job, ('exit', {'code': 137, 'step': 580}))
   status.run(job)
   assert ' s ago' not in capsys.readouterr().out  # the run ended: the log's figure is its last word
+
+
+def test_wait_for_local_step_reads_host_0s_directory_and_needs_it_named(tmp_path, capsys):
+  """The tutorial's "kill -9 once the local tier is past the job directory's 400": status waits for host 0's
+  directory to hold a committed local step (its index written) of the step or later; a step without its index is
+  not committed; without --local_dir it is one line and exit 2."""
+  job, local = str(tmp_path / 'job'), str(tmp_path / 'local-{host}')
+  (tmp_path / 'local-0' / f'step_{450:08d}').mkdir(parents=True)  # no index: not committed
+  assert status.run(job, timeout_secs=0.3, local_dir=local, wait_for_local=401) == 1
+  assert capsys.readouterr().err == ('status: error: no local step 401 or later committed within 0.3 s '
+                                     '(--timeout_secs)\n')
+  index = tmp_path / 'local-0' / f'step_{450:08d}' / layout.LOCAL_INDEX
+  threading.Timer(0.3, lambda: index.write_text('{}')).start()
+  _run(job, ('start', {'restored_step': None}))
+  assert status.run(job, timeout_secs=30, local_dir=local, wait_for_local=401) == 0
+  assert 'local tier: step 450 committed on host 0' in capsys.readouterr().out
+  assert status.run(job, wait_for_local=401) == 2
+  assert capsys.readouterr().err.startswith('status: error: --wait_for_local_step reads host 0')

@@ -35,9 +35,12 @@ def _parser() -> argparse.ArgumentParser:
   status.add_argument('--wait_for_checkpoint', type=int, default=None, metavar='STEP',
                       help='first wait until a checkpoint of STEP or later is committed (exit 1 when the run ends '
                       'first, when --pid is gone, or after --timeout_secs); without --pid, a line every 30 s')
+  status.add_argument('--wait_for_local_step', type=int, default=None, metavar='STEP',
+                      help="then wait until host 0's local directory (--local_dir) holds a committed local step of "
+                      'STEP or later, the same way')
   status.add_argument('--pid', type=int, default=None,
-                      help="with --wait_for_checkpoint: the run's process ($! in a shell); its end ends the wait")
-  status.add_argument('--timeout_secs', type=float, default=300.0, help='with --wait_for_checkpoint (default 300)')
+                      help="with a --wait_for_*: the run's process ($! in a shell); its end ends the wait")
+  status.add_argument('--timeout_secs', type=float, default=300.0, help='with a --wait_for_*, each (default 300)')
   status.add_argument('--local_dir', default=None, metavar='TEMPLATE',
                       help="the run's --autockpt_local_dir: host 0's newest local step read from it (else from the "
                       'event log, which records a running job\'s local commits at most once a minute)')
@@ -83,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
       return 2
   if args.command == 'status':
     from pax_autockpt.tools import status  # pylint: disable=g-import-not-at-top
-    return status.run(args.job_log_dir, args.wait_for_checkpoint, args.timeout_secs, args.pid, args.local_dir)
+    return status.run(args.job_log_dir, args.wait_for_checkpoint, args.timeout_secs, args.pid, args.local_dir,
+                      args.wait_for_local_step)
   if args.command == 'report':
     from pax_autockpt.tools import report  # pylint: disable=g-import-not-at-top  (matplotlib)
     return report.run(args.job_log_dir, mtbf_hours=args.mtbf_hours, plot_path=args.plot,

@@ -6,7 +6,9 @@ disk or gs://; reads only the checkpoint listing and host 0's event log, so it a
 `--wait_for_checkpoint STEP` first waits until a checkpoint of STEP or later is committed (a script's
 "let it train a while, then preempt it"): exit 1 with one line when the job's run ends first, or on timeout.
 Never in silence: with `--pid` (the run's process, `$!` in a shell) it returns as soon as that process is gone,
-naming how it ended; without, it says every 30 s what it waits for and what it sees.
+naming how it ended; without, it says every 30 s what it waits for and what it sees. `--wait_for_local_step
+STEP` (with `--local_dir`) then waits the same way for host 0's local directory to hold a committed local step
+of STEP or later (a script's "kill it once the local tier is past the job directory").
 """
 
 import datetime
@@ -111,22 +113,41 @@ def wait_for_checkpoint(job_log_dir: str, step: int, timeout_secs: float, poll_s
                         pid: int | None = None) -> str | None:
   """Returns once a checkpoint of `step` or later is committed (None), or why it will not be: the run ended,
   process `pid` is gone, or the timeout."""
+  return _wait(job_log_dir, step, 'checkpoint of step', lambda: _newest_and_events(job_log_dir)[0], timeout_secs,
+               poll_secs, pid)
+
+
+def wait_for_local_step(job_log_dir: str, local_dir: str, step: int, timeout_secs: float, poll_secs: float = 0.5,
+                        pid: int | None = None) -> str | None:
+  """Returns once host 0's local directory (`local_dir`, the run's --autockpt_local_dir) holds a committed local
+  step of `step` or later (None), or why it will not: the directory is the truth a restart reads, the event log
+  records local commits at most once a minute."""
+  def newest() -> int | None:
+    held = layout.local_committed_steps(layout.local_dir(local_dir, 0))
+    return held[-1] if held else None
+  return _wait(job_log_dir, step, 'local step', newest, timeout_secs, poll_secs, pid)
+
+
+def _wait(job_log_dir: str, step: int, noun: str, newest_step, timeout_secs: float, poll_secs: float,
+          pid: int | None) -> str | None:
+  """Polls `newest_step()` until it reaches `step`; never in silence (see the module's docstring)."""
   began = said = time.time()
   while True:
-    newest, evs = _newest_and_events(job_log_dir)
+    newest = newest_step()
     if newest is not None and newest >= step:
       return None
+    evs = events_lib.read(job_log_dir, 0) if epath.Path(job_log_dir).exists() else []
     ended = [e for e in last_run(evs) if e['event'] == 'exit' and e['t'] >= began]
     if ended:
-      return (f'the run ended (exit {ended[-1]["code"]} at step {ended[-1].get("step")}) before a checkpoint of step '
+      return (f'the run ended (exit {ended[-1]["code"]} at step {ended[-1].get("step")}) before a {noun} '
               f'{step} or later was committed')
     if pid is not None and not running(pid):
-      return f'process {pid} is gone ({_ending(evs)}) and no checkpoint of step {step} or later was committed'
+      return f'process {pid} is gone ({_ending(evs)}) and no {noun} {step} or later was committed'
     if time.time() - began > timeout_secs:
-      return f'no checkpoint of step {step} or later committed within {timeout_secs:g} s (--timeout_secs)'
+      return f'no {noun} {step} or later committed within {timeout_secs:g} s (--timeout_secs)'
     if pid is None and time.time() - said >= PROGRESS_SECS:
       said = time.time()
-      print(f'status: waiting {said - began:.0f} s for a checkpoint of step {step} or later: {_seen(newest, evs)}',
+      print(f'status: waiting {said - began:.0f} s for a {noun} {step} or later: {_seen(newest, evs, noun)}',
             file=sys.stderr, flush=True)
     time.sleep(poll_secs)
 
@@ -163,16 +184,22 @@ def _ending(evs: list[dict]) -> str:
   return 'no run in this job directory: it stopped before writing one; `wait $!` gives its exit code (bad input: 2)'
 
 
-def _seen(newest: int | None, evs: list[dict]) -> str:
+def _seen(newest: int | None, evs: list[dict], noun: str = 'checkpoint of step') -> str:
   if not evs and newest is None:
     return 'no run has started in this job directory yet'
-  return f'newest committed checkpoint {layout.step_text(newest)}'
+  return f'newest committed {noun.removesuffix(" of step")} {layout.step_text(newest)}'
 
 
 def run(job_log_dir: str, wait_for: int | None = None, timeout_secs: float = DEFAULT_WAIT_SECS,
-        pid: int | None = None, local_dir: str | None = None) -> int:
-  if wait_for is not None:
-    why = wait_for_checkpoint(job_log_dir, wait_for, timeout_secs, pid=pid)
+        pid: int | None = None, local_dir: str | None = None, wait_for_local: int | None = None) -> int:
+  if wait_for_local is not None and not local_dir:
+    print('status: error: --wait_for_local_step reads host 0\'s local directory: add --local_dir=TEMPLATE (the '
+          "run's --autockpt_local_dir)", file=sys.stderr)
+    return 2
+  waits = ((wait_for, lambda: wait_for_checkpoint(job_log_dir, wait_for, timeout_secs, pid=pid)),
+           (wait_for_local, lambda: wait_for_local_step(job_log_dir, local_dir, wait_for_local, timeout_secs, pid=pid)))
+  for step, wait in waits:
+    why = wait() if step is not None else None
     if why:
       print(f'status: error: {why}', file=sys.stderr)
       return 1
