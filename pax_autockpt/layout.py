@@ -244,6 +244,11 @@ def host_log_path(job_log_dir: epath.PathLike, host: int) -> epath.Path:
   return autockpt_dir(job_log_dir) / f'host{host}.log'
 
 
+def standby_log_path(job_log_dir: epath.PathLike) -> epath.Path:
+  """The output of `pax-autockpt launch`'s standby process (its imports' warnings), beside the hosts' logs."""
+  return host_log_path(job_log_dir, 0).with_name('standby.log')
+
+
 def summary_dir(job_log_dir: epath.PathLike) -> epath.Path:
   """The save scalars, beside Pax's own summaries (`tensorboard --logdir JOB_LOG_DIR/summaries`)."""
   return epath.Path(job_log_dir) / 'summaries' / 'autockpt'

@@ -22,7 +22,6 @@ import atexit
 import json
 import os
 import queue
-import runpy
 import select
 import signal
 import subprocess
@@ -30,7 +29,6 @@ import sys
 import threading
 import time
 import traceback
-import warnings
 
 from pax_autockpt import standby
 from pax_autockpt.tools import process
@@ -57,24 +55,6 @@ def _redirect(request: dict) -> None:
     os.dup2(fds[path], fd)
 
 
-def _run_as_main(module: str) -> int:
-  """The module as `__main__`; its exit code as the interpreter would give it (-SIGINT: re-raised below)."""
-  try:
-    runpy.run_module(module, run_name='__main__', alter_sys=True)
-    return 0
-  except SystemExit as e:
-    if e.code is None or isinstance(e.code, int):
-      return e.code or 0
-    print(e.code, file=sys.stderr)  # what the interpreter does with sys.exit('message')
-    return 1
-  except KeyboardInterrupt:
-    traceback.print_exc()
-    return -signal.SIGINT
-  except BaseException:  # pylint: disable=broad-except
-    traceback.print_exc()
-    return 1
-
-
 def _child(request: dict) -> None:
   """In the forked child: a session of its own, the command's working directory, environment and output
   files, the module, then the interpreter's own ending. Never returns."""
@@ -87,36 +67,14 @@ def _child(request: dict) -> None:
     os.environ.update(request['env'])
     sys.path[0] = os.getcwd()  # what `python -m` puts first
     sys.argv = [request['module'], *request['args']]
-    code = _run_as_main(request['module'])
-    threading._shutdown()  # pylint: disable=protected-access
-    atexit._run_exitfuncs()  # pylint: disable=protected-access
+    code = standby.run_as_main(request['module'])
   except BaseException:  # pylint: disable=broad-except  (before the module ran: say why, exit 1)
     traceback.print_exc()
-  finally:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if code == -signal.SIGINT:
-      signal.signal(signal.SIGINT, signal.SIG_DFL)
-      os.kill(os.getpid(), signal.SIGINT)
-    os._exit(code)  # pylint: disable=protected-access
+  standby.end_as_the_interpreter_does(code)
 
 
 def _say(message) -> None:
   os.write(1, (json.dumps(message) + '\n').encode())
-
-
-def _fork() -> int:
-  """os.fork, where jax has not started its backend (its threads would not be in the child): jax warns of
-  a deadlock at every fork once imported, which is not so here; the child gets the warning filters back."""
-  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
-  if xla_bridge._backends:  # pylint: disable=protected-access
-    raise RuntimeError('jax started a backend in the fork server')
-  filters = list(warnings.filters)
-  warnings.filterwarnings('ignore', message=r'os\.fork\(\) was called', category=RuntimeWarning)
-  pid = os.fork()
-  warnings.filters[:] = filters
-  warnings._filters_mutated()  # pylint: disable=protected-access
-  return pid
 
 
 def serve() -> None:
@@ -135,7 +93,7 @@ def serve() -> None:
         line, pending = pending.split(b'\n', 1)
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = _fork()
+        pid = standby.fork()
         if pid == 0:
           _child(json.loads(line))
         children.add(pid)

@@ -80,18 +80,20 @@ def _wait_training(job_dir, host, job, timeout=400, since=None):
 
 
 def _restarted_in_place_from_standbys(job_dir, launch, restored):
-  """Once the launcher's standby processes are ready, host 1 SIGKILLed: the launcher restarts every host from
-  its standby (no imports), both restore `restored` again (nothing newer committed) and train."""
-  process.wait_until(lambda: 'standby process(es) ready' in launch.log(), 'the standby processes', 240, 0.2, launch)
+  """Host 1 SIGKILLed: the launcher restarts every host, forked again from its standby process (no imports),
+  both restore `restored` again (nothing newer committed) and train."""
+  assert launch.log().count('[launch] standby process ready') == 1, launch.log()[-3000:]
+  assert [_run_events(job_dir, h)[0].get('standby') for h in (0, 1)] == [True, True]  # the first start's too
   since, killed = _host_log_sizes(job_dir, 2), time.time()
   os.kill(_run_events(job_dir, 1)[0]['pid'], signal.SIGKILL)
   starts = [_wait_event(job_dir, host, 'start', launch, after=killed) for host in (0, 1)]
-  assert '[launch] host 1 ended with exit 137: restart 1 of 1, every host (standby processes' in launch.log()
+  assert '[launch] host 1 ended with exit 137: restart 1 of 1, every host (forked from the standby process)' in \
+      launch.log()
   assert [(s['standby'], s['restored_step']) for s in starts] == [(True, restored)] * 2, starts
   # handed over once both hosts ended (host 0 aborts within seconds), not after the launcher's 60 s SIGKILL of a peer
   assert all(s['imported_s'] < 1.0 and s['process_start_t'] - killed < 30.0 for s in starts), starts
   _wait_training(job_dir, 1, launch, since=since[1])
-  print(f'SIGKILL of host 1 -> both restarted from standbys, started {starts[1]["t"] - killed:.2f} s after it')
+  print(f'SIGKILL of host 1 -> both forked again from the standby, started {starts[1]["t"] - killed:.2f} s after it')
 
 
 def _run_events(job_dir, host):
@@ -240,16 +242,16 @@ def test_bad_wiring_exits_2_with_one_line():
 
 
 def test_restore_decisions_agreed_across_hosts_and_verified_on_another_topology(jobs, job_dir, tmp_path):
-  """One slice over 2 hosts (each writes its half of every sharded array), six process starts, two of
-  them ended by Ctrl-C:
+  """One slice over 2 hosts (each writes its half of every sharded array), six process starts (each launch's
+  hosts forked from its standby process), two of them ended by Ctrl-C:
   1. 2 hosts train to step 100 and start a 2-minute eval (4,000 paced batches, each a collective over both
      hosts, `--eval_on_test`, 60 s of grace); a few batches in, Ctrl-C (SIGINT) to host 1 only: both stop
      before the same eval batch, save step 100 and exit 130 inside the budget (issue 45: a preemption wherever
      the loop is). A byte flips in a shard only host 1 wrote.
   2. 2 hosts under `launch --max_restarts=1`: host 1's check finds it, both hosts skip that checkpoint and
-     restore the same one; host 1 SIGKILLed: the launcher restarts both in place from its standby processes
-     (imports done ahead), and they restore the same step; SIGTERM to the launcher after a step: forwarded,
-     the same new step on both, 143, no restart.
+     restore the same one; host 1 SIGKILLed: the launcher restarts both in place, forked again from its
+     standby process (imports done once), and they restore the same step; SIGTERM to the launcher after a
+     step: forwarded, the same new step on both, 143, no restart.
   3. A config slip on host 1 only: both exit 2 with host 1's line, nothing moved.
   4. 1 host (another topology: no restored shard is a saved one, so the saved shards are read back from
      storage): a byte flipped in host 1's half of the newest checkpoint is still found; every saved shard

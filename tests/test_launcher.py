@@ -1,7 +1,12 @@
-"""`pax-autockpt launch`'s restart rule and its standby processes' environment check (pure; the restart itself,
-from standby processes, runs end to end in tests/test_e2e_multihost.py)."""
+"""`pax-autockpt launch`'s restart rule, its standby process's environment check, and the standby forking hosts
+(a light host in place of paxml; the launch itself, and its restart, run end to end in
+tests/test_e2e_multihost.py)."""
 
-import json
+import os
+import select
+import signal
+import sys
+import time
 
 import pytest
 
@@ -41,7 +46,46 @@ def test_a_standby_takes_only_an_environment_its_imports_saw_but_the_runtime_var
   assert standby.stale(imported_with, {k: v for k, v in imported_with.items() if k != 'PATH'}) == ['PATH']
 
 
-def test_the_request_is_one_line_of_the_hosts_arguments_and_environment():
-  line = standby.request(['--exp=x', '--host_idx=1'], {'A': 'b'})
-  assert line.endswith(b'\n') and line.count(b'\n') == 1
-  assert json.loads(line) == {'argv': ['--exp=x', '--host_idx=1'], 'env': {'A': 'b'}}
+_LIGHT_STANDBY = (sys.executable, '-c', 'from pax_autockpt import standby; standby.preload = lambda: None; '
+                  'standby.MAIN = "tests.standby_fake_host"; standby.serve()')
+
+
+def test_the_standby_forks_each_host_asked_for_with_its_arguments_environment_output_and_exit(tmp_path):
+  """`launch`'s standby process (with a light host in place of pax_autockpt.main, and no imports): each host
+  forked with its own arguments and environment, stdin /dev/null, output on its own pipe, its exit code or its
+  signal as subprocess gives them; an environment the imports did not see gets None (a fresh interpreter)."""
+  env = {**os.environ, 'AUTOCKPT_X': 'standby'}
+  spare = launcher._Standby(env, str(tmp_path / 'standby.log'), argv=_LIGHT_STANDBY)
+  try:
+    assert spare.wait_ready()
+    first, second = (spare.fork([code], {**env, 'AUTOCKPT_X': code}) for code in ('3', 'wait'))
+    assert first.stdout.read() == b"argv=['3'] AUTOCKPT_X=3 stdin=''\n" and _wait_for(first) == 3
+    assert second.stdout.readline() == b"argv=['wait'] AUTOCKPT_X=wait stdin=''\n"
+    assert os.getsid(second.pid) == second.pid  # a session of its own: a terminal's Ctrl-C is the launcher's
+    second.send_signal(signal.SIGKILL)
+    assert _wait_for(second) == -signal.SIGKILL and first.pid != second.pid
+    assert spare.fork(['0'], {**env, 'JAX_PLATFORMS': 'tpu'}) is None
+  finally:
+    spare.stop()
+  assert spare.proc.returncode == 0
+
+
+def test_a_host_gets_sigterm_when_the_standby_dies_and_its_unknown_exit_counts_as_a_failure(tmp_path):
+  """The launcher's death SIGTERMs the standby (Linux's parent-death signal), whose death SIGTERMs each host it
+  forked: the host saves and exits. Its exit code, which no one can report then, is a failure (1)."""
+  env = dict(os.environ)
+  spare = launcher._Standby(env, str(tmp_path / 'standby.log'), argv=_LIGHT_STANDBY)
+  host = spare.fork(['wait'], env)
+  assert host.stdout.readline().startswith(b"argv=['wait']")
+  spare.proc.send_signal(signal.SIGTERM)
+  assert select.select([host.stdout], [], [], 30)[0], 'the host did not get SIGTERM when the standby died'
+  assert host.stdout.read() == b'' and _wait_for(host) == 1  # its pipe closed: it exited
+  spare.stop()
+
+
+def _wait_for(host, secs: float = 30.0) -> int:
+  deadline = time.time() + secs
+  while host.poll() is None:
+    assert time.time() < deadline, f'host {host.pid} did not end'
+    time.sleep(0.02)
+  return host.returncode

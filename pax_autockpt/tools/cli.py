@@ -25,8 +25,8 @@ def _parser() -> argparse.ArgumentParser:
                       'start every host again, up to this many times; never after exit 0, 2 or a stop the launcher '
                       'received')
   launch.add_argument('--no_standby', action='store_true',
-                      help='with --max_restarts: restart from fresh interpreters instead of standby processes that '
-                      'imported paxml ahead of need')
+                      help='start every host (and restart it) as a fresh interpreter, instead of forking it from one '
+                      'standby process that imported paxml once')
   launch.add_argument('args', nargs=argparse.REMAINDER,
                       help='-- then the pax_autockpt.main flags (--exp, --job_log_dir, ...)')
 

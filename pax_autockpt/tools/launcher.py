@@ -5,18 +5,21 @@ with one CPU device and Gloo cross-process collectives (the one set-up that trai
 processes with jaxlib 0.4.26: with 2+ devices per process Gloo's context set-up times out). Processes
 are grouped into slices in host order; praxis lays jax.devices() (ordered by process) out as ICI x DCN.
 
-With `--max_restarts N` the launcher is also the job's scheduler: when a host fails (a crash, a kill, a
-failure exit, a SIGTERM it did not send) every host starts again, up to N times, as a JobSet or Slurm's
-`--requeue` would — never after exit 0, a bad-input exit (2: a rerun fails the same way) or a signal the
-launcher itself received or sent. Once every host has trained a step, it keeps one standby process per host
-(`pax_autockpt.standby`: paxml, jax and TensorFlow imported ahead of need), so a restart skips the imports.
+Every host is forked from one standby process (`pax_autockpt.standby`) that imported paxml, jax and
+TensorFlow once, instead of N interpreters importing the same modules on the same cores (`--no_standby`: a
+fresh interpreter per host). With `--max_restarts N` the launcher is also the job's scheduler: when a host fails
+(a crash, a kill, a failure exit, a SIGTERM it did not send) every host starts again, forked again (a restart
+without imports), up to N times, as a JobSet or Slurm's `--requeue` would — never after exit 0, a bad-input
+exit (2: a rerun fails the same way) or a signal the launcher itself received or sent.
 """
 
-import ctypes
 import dataclasses
+import json
 import os
+import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -28,12 +31,12 @@ from pax_autockpt import layout
 from pax_autockpt import settings as settings_lib
 from pax_autockpt import signals
 from pax_autockpt import standby as standby_lib
+from pax_autockpt.tools import status
 
 # Console tail: the plugin's own lines and failures; everything goes to the host's log file.
 _TAIL = re.compile(r'\[autockpt\]|Traceback|[A-Z][A-Za-z]*Error\b|^error:|Fatal|Aborted')
 _FAILED = 'failed'
 _BAD_INPUT = 2  # pax_autockpt.main's exit for bad input (CONTRACT): a rerun would fail the same way
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +49,7 @@ class LaunchConfig:
   peer_exit_secs: float = 60.0  # after one host fails, how long the others get before SIGKILL
   args: Sequence[str] = ()
   max_restarts: int = 0  # in-place restarts of the whole job after a failure
-  standby: bool = True  # with max_restarts: restarts start from processes that imported ahead of need
+  standby: bool = True  # hosts forked from one process that imported paxml, not N fresh interpreters
 
 
 class LaunchError(ValueError):
@@ -119,57 +122,48 @@ def host_env(port: int | None = None) -> dict[str, str]:
 
 
 def _sigterm_when_launcher_dies(launcher_pid: int):
-  """A child's pre-exec hook: if the launcher dies (even by SIGKILL), the host gets SIGTERM, so
-  it saves at the agreed step and exits instead of training on as an orphan (Linux only)."""
-
-  def hook():
-    if sys.platform.startswith('linux'):
-      ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-      if os.getppid() != launcher_pid:  # died before the hook ran
-        os.kill(os.getpid(), signal.SIGTERM)
-
-  return hook
+  """A child's pre-exec hook: if the launcher dies (even by SIGKILL), the host (or the standby, and through it
+  its hosts) gets SIGTERM, so it saves at the agreed step and exits instead of training on as an orphan."""
+  return lambda: standby_lib.sigterm_when_parent_dies(launcher_pid)
 
 
-_CONSOLE = threading.Lock()
+_CONSOLE = threading.RLock()  # re-entrant: the signal forwarder, in the main thread, writes lines too
 
 
-_STANDBY_READY_SECS = 120.0  # a standby still importing after this long is replaced by a fresh interpreter
-_STEP_DONE = re.compile(r'\[PAX STATUS\]: Step `\d+` completed')  # paxml's line for a trained step
+def _say(line: str) -> None:
+  """One whole line on the console (print() writes a line and its newline apart: two lines could merge)."""
+  with _CONSOLE:
+    sys.stdout.write(line + '\n')
+    sys.stdout.flush()
+_STANDBY_READY_SECS = 120.0  # a standby still importing after this long is replaced by fresh interpreters
 
 
-def _spawn(argv: list[str], env: dict[str, str], stdin=subprocess.DEVNULL) -> subprocess.Popen:
-  """A host or a standby: its own session (a terminal's Ctrl-C reaches the launcher only, which forwards it
+def _spawn(argv: list[str], env: dict[str, str], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+           stderr=subprocess.STDOUT) -> subprocess.Popen:
+  """A host or the standby: its own session (a terminal's Ctrl-C reaches the launcher only, which forwards it
   once), SIGTERM if the launcher dies, output to a pipe the launcher reads."""
-  return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=stdin,
-                          start_new_session=True, preexec_fn=_sigterm_when_launcher_dies(os.getpid()))
+  return subprocess.Popen(argv, env=env, stdout=stdout, stderr=stderr, stdin=stdin, start_new_session=True,
+                          preexec_fn=_sigterm_when_launcher_dies(os.getpid()))
 
 
 class _Host:
   """One host's process; its output goes to its log file, plugin lines also to the console."""
 
-  def __init__(self, idx: int, proc: subprocess.Popen, log_path: str, early: Sequence[bytes] = ()):
+  def __init__(self, idx: int, proc, log_path: str):
     self.idx = idx
     self.log_path = log_path
-    self.proc = proc
-    self._early = early  # a standby's output before it became this host (its imports')
-    self.trained = threading.Event()  # paxml reported a trained step
+    self.proc = proc  # a subprocess.Popen, or a _Forked
     self.pump = threading.Thread(target=self._pump, daemon=True)
     self.pump.start()
 
   def _pump(self):
     with open(self.log_path, 'ab') as log:
-      log.writelines(self._early)
       for raw in self.proc.stdout:
         log.write(raw)
         log.flush()
         line = raw.decode(errors='replace').rstrip()
-        if _STEP_DONE.search(line):
-          self.trained.set()
         if _TAIL.search(line):
-          with _CONSOLE:  # print() writes the line and its newline apart: two hosts' lines could merge
-            sys.stdout.write(f'[host {self.idx}] {line[-300:]}\n')
-            sys.stdout.flush()
+          _say(f'[host {self.idx}] {line[-300:]}')
 
   def signal(self, signum: int) -> None:
     if self.proc.poll() is None:
@@ -179,71 +173,142 @@ class _Host:
         pass
 
 
+class _Forked:
+  """What the launcher uses of `subprocess.Popen`, for a host the standby forked."""
+
+  def __init__(self, standby: '_Standby', pid: int, stdout):
+    self._standby = standby
+    self.pid = pid
+    self.stdout = stdout
+    self.returncode = None
+
+  def poll(self) -> int | None:
+    if self.returncode is None:
+      self.returncode = self._standby.exit_code(self.pid)
+    return self.returncode
+
+  def send_signal(self, signum: int) -> None:
+    if self.poll() is None:
+      os.kill(self.pid, signum)
+
+
 class _Standby:
-  """A process per host that imports paxml ahead of need (pax_autockpt.standby), started with `env`; `ready`
-  once its imports are done (its output until then is kept for the host's log)."""
+  """The launch's standby process (pax_autockpt.standby), started with `env`: `fork` asks it for a host once
+  its imports are done; its own output (the imports' warnings) goes to `log_path`."""
 
-  def __init__(self, env: dict[str, str]):
+  def __init__(self, env: dict[str, str], log_path: str, argv: Sequence[str] = (sys.executable, '-m',
+                                                                                 'pax_autockpt.standby')):
     self.env = env
-    self.proc = _spawn([sys.executable, '-m', 'pax_autockpt.standby'], env, stdin=subprocess.PIPE)
-    self.early: list[bytes] = []
+    self._requests, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with open(log_path, 'ab') as log:
+      self.proc = _spawn(list(argv), env, stdin=theirs, stderr=log)
+    theirs.close()
+    self.started = time.time()
     self.ready = threading.Event()
-    self._reader = threading.Thread(target=self._read_until_ready, daemon=True)
-    self._reader.start()
+    self._pids: queue.Queue = queue.Queue()
+    self._codes: dict[int, int] = {}
+    self._gone = False
+    threading.Thread(target=self._read, daemon=True, name='standby-reader').start()
 
-  def _read_until_ready(self) -> None:
-    for raw in self.proc.stdout:
-      if raw == standby_lib.READY:
+  def _read(self) -> None:
+    for line in self.proc.stdout:
+      message = json.loads(line)
+      if message == standby_lib.READY:
         self.ready.set()
-        return
-      self.early.append(raw)
+        _say(f'[launch] standby process ready ({time.time() - self.started:.1f} s of imports, once): every host '
+                'is forked from it')
+      elif 'pid' in message:
+        self._pids.put(message['pid'])
+      else:
+        self._codes[message['exit']] = message['code']
+    self._gone = True
+    self._pids.put(None)
 
-  def take(self, args: list[str], env: dict[str, str]) -> subprocess.Popen | None:
-    """This process as the host `python -m pax_autockpt.main ARGS` with `env`, once its imports are done;
-    None where it cannot be (it ended or hangs, or the host's environment differs in a variable its imports
-    read)."""
-    self._reader.join(timeout=_STANDBY_READY_SECS)
-    if not self.ready.is_set() or self.proc.poll() is not None or standby_lib.stale(self.env, env):
-      self.stop()
+  def wait_ready(self, stopped: '_Signalled | None' = None) -> bool:
+    """Whether its imports are done, waiting for them until `_STANDBY_READY_SECS` after its start (or a stop)."""
+    while not self.ready.wait(0.1) and not self._gone and time.time() < self.started + _STANDBY_READY_SECS:
+      if stopped is not None and stopped.name:
+        return False
+    return self.ready.is_set() and not self._gone
+
+  def usable(self) -> bool:
+    return self.ready.is_set() and not self._gone
+
+  def exit_code(self, pid: int) -> int | None:
+    """A forked host's exit code once it ended; 1 for one whose end the standby, itself ended, cannot report."""
+    if pid in self._codes:
+      return self._codes[pid]
+    if self._gone and not status.running(pid):
+      return self._codes.get(pid, 1)
+    return None
+
+  def fork(self, args: list[str], env: dict[str, str]) -> _Forked | None:
+    """The host `python -m pax_autockpt.main ARGS` with `env`, forked once the imports are done; None where it
+    cannot be (the standby ended or is not ready in time, or the host's environment differs in a variable its
+    imports read: a fresh interpreter then)."""
+    if not self.wait_ready() or standby_lib.stale(self.env, env):
       return None
+    read, write = os.pipe()
     try:
-      self.proc.stdin.write(standby_lib.request(args, env))
-      self.proc.stdin.close()
-    except OSError:  # it ended in between
-      self.stop()
+      socket.send_fds(self._requests, [standby_lib.request(args, env)], [write])
+      pid = self._pids.get(timeout=60)
+    except (OSError, queue.Empty):
+      pid = None
+    finally:
+      os.close(write)
+    if pid is None:
+      os.close(read)
       return None
-    return self.proc
+    return _Forked(self, pid, os.fdopen(read, 'rb'))
 
   def stop(self) -> None:
-    if self.proc.poll() is None:
+    """The end of its requests: it ends once its hosts have; killed if it has not within 30 s."""
+    self._requests.close()
+    if not self.ready.is_set():
+      self.proc.kill()  # still importing: nothing of it is needed
+    try:
+      self.proc.wait(30)
+    except subprocess.TimeoutExpired:
       self.proc.kill()
-    self.proc.wait()
+      self.proc.wait()
 
 
 class _Signalled:
-  """Whether the launcher received (or, with --preempt_after, sent) a stop: then no restart."""
+  """Whether the launcher received (or, with --preempt_after, sent) a stop: then no restart. `reached`: how
+  many hosts had started when it came (one started later gets it at its start)."""
 
   def __init__(self):
     self.name: str | None = None
+    self.signum: int | None = None
+    self.reached = 0
 
 
 def launch(cfg: LaunchConfig) -> int:
   """Starts the hosts, forwards SIGTERM/SIGINT, waits; the first non-zero code in host order wins. With
-  --max_restarts, a failed job starts again (`restart_reason`), from standby processes where there are some."""
+  --max_restarts, a failed job starts again (`restart_reason`)."""
   validate(cfg)
   job_log_dir = _job_log_dir(cfg.args)
   layout.host_log_path(job_log_dir, 0).parent.mkdir(parents=True, exist_ok=True)
-  stopped, spares, restarts = _Signalled(), [], 0
-  while True:
-    codes, first_failed, spares = _run_once(cfg, job_log_dir, restarts, spares, stopped)
-    reason = restart_reason(codes, first_failed, stopped.name, restarts, cfg.max_restarts)
-    if reason is None:
-      for spare in spares:
-        spare.stop()
-      return next((c for c in codes if c != 0), 0)
-    restarts += 1
-    took = 'standby processes' if spares else 'fresh processes'
-    print(f'[launch] {reason}: restart {restarts} of {cfg.max_restarts}, every host ({took})', flush=True)
+  stopped, children, restarts = _Signalled(), [], 0
+  previous = {s: signal.signal(s, _forwarder(children, stopped)) for s in (signal.SIGTERM, signal.SIGINT)}
+  standby = _Standby(host_env(), os.fspath(layout.standby_log_path(job_log_dir))) if cfg.standby else None
+  try:
+    while True:
+      codes, first_failed = _run_once(cfg, job_log_dir, restarts, standby, stopped, children)
+      if not codes:
+        _say(f'[launch] {stopped.name} before any host started: nothing to save; exit {128 + stopped.signum}')
+        return 128 + stopped.signum
+      reason = restart_reason(codes, first_failed, stopped.name, restarts, cfg.max_restarts)
+      if reason is None:
+        return next((c for c in codes if c != 0), 0)
+      restarts += 1
+      took = 'forked from the standby process' if standby and standby.usable() else 'fresh processes'
+      _say(f'[launch] {reason}: restart {restarts} of {cfg.max_restarts}, every host ({took})')
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+    if standby:
+      standby.stop()
 
 
 def _clean(cfg: LaunchConfig) -> tuple[int, ...]:
@@ -263,40 +328,43 @@ def restart_reason(codes: Sequence[int], first_failed: int | None, stopped_by: s
   return f'host {host} ended with exit {codes[host]}'
 
 
-def _run_once(cfg: LaunchConfig, job_log_dir: str, restarts: int, spares: list[_Standby],
-              stopped: _Signalled) -> tuple[list[int], int | None, list[_Standby]]:
-  """One start of every host, to the end of all: their exit codes, the host that failed first (None: none
-  did), and the standbys kept for a next start."""
+def _run_once(cfg: LaunchConfig, job_log_dir: str, restarts: int, standby: _Standby | None, stopped: _Signalled,
+              children: list[_Host]) -> tuple[list[int], int | None]:
+  """One start of every host, to the end of all: their exit codes ([] when a stop came before any host
+  started) and the host that failed first (None: none did). `children` is the list the signal forwarder
+  reads: this start's hosts, as each starts."""
   port = cfg.port or hosts.free_loopback_port()
-  print(f'[launch] {cfg.num_hosts} hosts in {cfg.num_slices} slice(s), coordinator 127.0.0.1:{port}, '
-        f'logs {layout.host_log_path(job_log_dir, 0).parent}/host<i>.log', flush=True)
-  children = _start_hosts(cfg, port, job_log_dir, spares)
-  previous = {s: signal.signal(s, _forwarder(children, stopped)) for s in (signal.SIGTERM, signal.SIGINT)}
+  _say(f'[launch] {cfg.num_hosts} hosts in {cfg.num_slices} slice(s), coordinator 127.0.0.1:{port}, '
+        f'logs {layout.host_log_path(job_log_dir, 0).parent}/host<i>.log')
+  children.clear()
+  stopped.reached = 0
+  if not _start_hosts(cfg, port, job_log_dir, standby, stopped, children):
+    return [], None
   if cfg.preempt_after is not None and restarts == 0:
     _preempt_later(cfg, children, stopped)
-  want_spares = cfg.standby and restarts < cfg.max_restarts
-  try:
-    codes, first_failed, kept = _wait(children, cfg.peer_exit_secs, clean=_clean(cfg),
-                        standbys=(lambda: [_Standby(host_env()) for _ in children]) if want_spares else None)
-  finally:
-    for s, handler in previous.items():
-      signal.signal(s, handler)
+  codes, first_failed = _wait(children, cfg.peer_exit_secs, clean=_clean(cfg))
   for child in children:
     child.pump.join(timeout=5)
-    print(f'[launch] host {child.idx} exit code {codes[child.idx]}', flush=True)
-  return codes, first_failed, kept
+    _say(f'[launch] host {child.idx} exit code {codes[child.idx]}')
+  return codes, first_failed
 
 
-def _start_hosts(cfg: LaunchConfig, port: int, job_log_dir: str, spares: list[_Standby]) -> list[_Host]:
-  """Every host's process: its standby's where it has a usable one, else a fresh interpreter."""
-  children = []
+def _start_hosts(cfg: LaunchConfig, port: int, job_log_dir: str, standby: _Standby | None, stopped: _Signalled,
+                 children: list[_Host]) -> bool:
+  """Every host's process, forked by the standby where it can, else a fresh interpreter; False when a stop came
+  before the first started (none is started then)."""
+  if standby:
+    standby.wait_ready(stopped)
+  if stopped.name:
+    return False
   for i in range(cfg.num_hosts):
     env = host_env(port)
-    proc = spares[i].take(host_args(cfg, i, port), env) if i < len(spares) else None
-    early = spares[i].early if proc else ()
-    log = os.fspath(layout.host_log_path(job_log_dir, i))
-    children.append(_Host(i, proc or _spawn(host_argv(cfg, i, port), env), log, early))
-  return children
+    proc = standby.fork(host_args(cfg, i, port), env) if standby else None
+    children.append(_Host(i, proc or _spawn(host_argv(cfg, i, port), env), os.fspath(layout.host_log_path(
+        job_log_dir, i))))
+    if stopped.name and len(children) > stopped.reached:
+      children[-1].signal(stopped.signum)
+  return True
 
 
 def _forwarder(children: list[_Host], stopped: _Signalled):
@@ -304,9 +372,9 @@ def _forwarder(children: list[_Host], stopped: _Signalled):
     """Once per signal received: the hosts run in their own sessions, so a terminal's Ctrl-C reaches
     them only through here (a second Ctrl-C, forwarded again, makes them abort)."""
     del frame
-    stopped.name = signal.Signals(signum).name
-    print(f'[launch] forwarding {stopped.name} to every host', flush=True)
-    for child in children:
+    stopped.name, stopped.signum, stopped.reached = signal.Signals(signum).name, signum, len(children)
+    _say(f'[launch] forwarding {stopped.name} to every host')
+    for child in list(children):
       child.signal(signum)
   return forward
 
@@ -317,38 +385,29 @@ def _preempt_later(cfg: LaunchConfig, children: list[_Host], stopped: _Signalled
   def preempt():
     stopped.name = 'SIGTERM (--preempt_after)'
     for c in targets:
-      print(f'[launch] SIGTERM to host {c.idx} (--preempt_after)', flush=True)
+      _say(f'[launch] SIGTERM to host {c.idx} (--preempt_after)')
       c.signal(signal.SIGTERM)
   timer = threading.Timer(cfg.preempt_after, preempt)
   timer.daemon = True
   timer.start()
 
 
-def _wait(children: list[_Host], peer_exit_secs: float, clean: tuple[int, ...],
-          standbys=None) -> tuple[list[int], int | None, list[_Standby]]:
-  """Waits for all; once a host failed (not a `clean` exit), SIGKILLs the others after a while. Once every
-  host trained a step, `standbys()` starts the processes a restart will take (not before: their imports
-  would slow the hosts' own start on a machine they share)."""
-  deadline, kept, first_failed, announced = None, [], None, False
+def _wait(children: list[_Host], peer_exit_secs: float, clean: tuple[int, ...]) -> tuple[list[int], int | None]:
+  """Waits for all; once a host failed (not a `clean` exit), SIGKILLs the others after a while."""
+  deadline, first_failed = None, None
   while True:
     codes = [c.proc.poll() for c in children]
     if all(code is not None for code in codes):
-      return [_exit_code(code) for code in codes], first_failed, kept
-    if standbys is not None and not kept and all(c.trained.is_set() for c in children):
-      kept, started = standbys(), time.time()
-    if kept and not announced and all(s.ready.is_set() for s in kept):
-      announced = True
-      print(f'[launch] {len(kept)} standby process(es) ready ({time.time() - started:.1f} s of imports): a '
-            'restart skips them', flush=True)
+      return [_exit_code(code) for code in codes], first_failed
     failed = [c for c, code in zip(children, codes) if code is not None and code not in clean]
     if failed and deadline is None:
       deadline, first_failed = time.time() + peer_exit_secs, failed[0].idx
-      print(f'[launch] host {failed[0].idx} failed ({_exit_code(failed[0].proc.returncode)}); '
-            f'others get {peer_exit_secs:.0f} s to exit', flush=True)
+      _say(f'[launch] host {failed[0].idx} failed ({_exit_code(failed[0].proc.returncode)}); '
+            f'others get {peer_exit_secs:.0f} s to exit')
     if deadline is not None and time.time() > deadline:
       for child in children:
         if child.proc.poll() is None:
-          print(f'[launch] host {child.idx} still running; SIGKILL', flush=True)
+          _say(f'[launch] host {child.idx} still running; SIGKILL')
           child.signal(signal.SIGKILL)
     time.sleep(0.05)
 

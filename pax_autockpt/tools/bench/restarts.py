@@ -1,9 +1,9 @@
 """What a restart costs, from the kill to the restarted run's first trained step (issue 48).
 
-`launchrestart`: 2 local hosts under `pax-autockpt launch --max_restarts 1`; once the launcher's standby
-processes are ready, host 1 is SIGKILLed and the launcher restarts both: kill -> host 1's first step after the
-restart, from standby processes (the default) vs `--no_standby` (fresh interpreters), with the restarted
-run's phases (its `start` and `first_step` events).
+`launchrestart`: 2 local hosts under `pax-autockpt launch --max_restarts 1`, forked from the launcher's standby
+process (the default) vs `--no_standby` (a fresh interpreter per host): launch -> host 1's first step; then,
+host 1 SIGKILLed once it trains, the launcher restarts both: kill -> host 1's first step after the restart, with
+the restarted run's phases (its `start` and `first_step` events).
 
 `restartcache_<size>`: one host; a run trains past its first checkpoint and is SIGKILLed, and the same command
 starts at once (as a scheduler restarts it): kill -> its first trained step, ours with the defaults (the
@@ -59,8 +59,8 @@ def _phases(job_dir: str, host: int, after: float) -> dict[str, float]:
   return found
 
 
-def _launch_restart(storage: Storage, name: str, standby: bool) -> tuple[float, dict[str, float]]:
-  """One 2-host launch, host 1 SIGKILLed once the standbys are ready: kill -> host 1's next first step."""
+def _launch_restart(storage: Storage, name: str, standby: bool) -> tuple[float, float, dict[str, float]]:
+  """One 2-host launch: launch -> host 1's first step, then host 1 SIGKILLed: kill -> its next first step."""
   job_dir = storage.job_dir(name)
   argv = [sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', '--num_hosts=2', '--max_restarts=1',
           *([] if standby else ['--no_standby']), '--', f'--exp={_TWO_HOSTS}', f'--job_log_dir={job_dir}',
@@ -68,8 +68,7 @@ def _launch_restart(storage: Storage, name: str, standby: bool) -> tuple[float, 
   job = process.Job(argv, os.path.join(storage.workdir, f'{name}.log'), env=_env())
   host1 = os.path.join(job_dir, 'autockpt', 'host1.log')
   try:
-    _first_step_after(host1, 0)
-    process.wait_until(lambda: 'standby process(es) ready' in job.log() or not standby, 'standbys', 300, 0.2, job)
+    first = _first_step_after(host1, 0) - job.started
     pid = [e for e in events_lib.read(job_dir, 1) if e['event'] == 'start'][-1]['pid']
     offset, killed = _size(host1), time.time()
     os.kill(pid, signal.SIGKILL)
@@ -77,22 +76,29 @@ def _launch_restart(storage: Storage, name: str, standby: bool) -> tuple[float, 
     phases = _phases(job_dir, 1, killed)
     job.send(signal.SIGTERM)
     job.wait(300)
-    return secs, phases
+    return first, secs, phases
   finally:
     job.kill()
     storage.clean(job_dir)
 
 
 def launch_restart(storage: Storage, pairs: int) -> list[Figure]:
-  """kill -> first step after `launch --max_restarts`'s restart: from standby processes vs fresh ones."""
-  warm, cold, phases = [], [], []
+  """launch -> first step, and kill -> first step after `launch --max_restarts`'s restart: hosts forked from
+  the standby process vs fresh interpreters."""
+  warm, cold, warm_start, cold_start, phases = [], [], [], [], []
   for i in range(pairs):
-    secs, split = _launch_restart(storage, f'launchrestart-standby-{i}', True)
+    first, secs, split = _launch_restart(storage, f'launchrestart-standby-{i}', True)
+    warm_start.append(first)
     warm.append(secs)
     phases.append(split)
-    cold.append(_launch_restart(storage, f'launchrestart-fresh-{i}', False)[0])
-    measure.say(f'launch restart #{i}: standby {warm[-1]:.1f} s, fresh {cold[-1]:.1f} s; standby phases {split}')
-  return [Figure('kill -> first step after launch --max_restarts restarts 2 hosts, standby vs fresh, tiny', 's',
+    first, secs, _ = _launch_restart(storage, f'launchrestart-fresh-{i}', False)
+    cold_start.append(first)
+    cold.append(secs)
+    measure.say(f'launch #{i}: first step standby {warm_start[-1]:.1f} s, fresh {cold_start[-1]:.1f} s; restart '
+                f'standby {warm[-1]:.1f} s, fresh {cold[-1]:.1f} s; standby phases {split}')
+  return [Figure('launch -> first step of 2 hosts, forked from the standby vs fresh interpreters, tiny', 's',
+                 warm_start, cold_start, 'fresh interpreters'),
+          Figure('kill -> first step after launch --max_restarts restarts 2 hosts, standby vs fresh, tiny', 's',
                  warm, cold, 'fresh interpreters'),
           *_phase_figures('launch restart from standby', phases)]
 
