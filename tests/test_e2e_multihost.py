@@ -202,7 +202,8 @@ def _alive(pid):
 @pytest.mark.soak
 def test_four_hosts_in_two_slices_preempted_and_resumed(jobs, job_dir, tmp_path):
   """`make soak` (8 process starts, ~140 s of the suite on 2 cores; `make test` keeps 2 hosts in 2 slices,
-  and the soak's `--scale 8` runs 8 hosts in 2 slices)."""
+  and the soak's `--scale 8` runs 8 hosts in 2 slices). The relaunch starts fresh interpreters (`--no_standby`,
+  the path no `make test` launch takes)."""
   first = _launch(jobs, job_dir, str(tmp_path / 'launch1.log'), 4, '--num_slices=2')
   _wait_training(job_dir, 3, first)
   time.sleep(1.0)
@@ -211,9 +212,9 @@ def test_four_hosts_in_two_slices_preempted_and_resumed(jobs, job_dir, tmp_path)
   step = _assert_all_preempted_at_same_step(job_dir, 4, restored=None)
 
   relaunch_t, since = time.time(), _host_log_sizes(job_dir, 4)
-  second = _launch(jobs, job_dir, str(tmp_path / 'launch2.log'), 4, '--num_slices=2')
-  for host in range(4):
-    _wait_event(job_dir, host, 'start', second, timeout=400, after=relaunch_t)
+  second = _launch(jobs, job_dir, str(tmp_path / 'launch2.log'), 4, '--num_slices=2', '--no_standby')
+  starts = [_wait_event(job_dir, host, 'start', second, timeout=400, after=relaunch_t) for host in range(4)]
+  assert [s.get('standby') for s in starts] == [None] * 4 and 'standby process ready' not in second.log()
   for host in range(4):
     _wait_training(job_dir, host, second, since=since[host])
   time.sleep(1.0)

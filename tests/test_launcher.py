@@ -2,10 +2,12 @@
 (a light host in place of paxml; the launch itself, and its restart, run end to end in
 tests/test_e2e_multihost.py)."""
 
+import functools
 import os
 import select
 import signal
 import sys
+import threading
 import time
 
 import pytest
@@ -89,3 +91,19 @@ def _wait_for(host, secs: float = 30.0) -> int:
     assert time.time() < deadline, f'host {host.pid} did not end'
     time.sleep(0.02)
   return host.returncode
+
+
+def test_a_stop_while_the_standby_imports_starts_no_host_and_exits_with_the_signals_code(tmp_path, monkeypatch,
+                                                                                         capsys):
+  """SIGTERM to the launcher before its standby is ready (its imports take seconds): no host is started (none
+  would have anything to save), the standby is ended, and the launcher exits 143 with one line."""
+  never_ready = (sys.executable, '-c', 'import time; time.sleep(60)')
+  monkeypatch.setattr(launcher, '_Standby', functools.partial(launcher._Standby, argv=never_ready))
+  threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+  job = tmp_path / 'job'
+  began = time.time()
+  assert launcher.launch(launcher.LaunchConfig(num_hosts=2, args=('--exp=x', f'--job_log_dir={job}'))) == 143
+  assert time.time() - began < 10
+  out = capsys.readouterr().out
+  assert out.splitlines()[-1] == '[launch] SIGTERM before any host started: nothing to save; exit 143', out
+  assert sorted(os.listdir(job / 'autockpt')) == ['standby.log']
