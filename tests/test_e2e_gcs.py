@@ -34,10 +34,27 @@ def _name(step: int) -> str:
   return f'checkpoint_{step:08d}'
 
 
-def _run(jobs, argv, log) -> process.Job:
-  job = forkserver.job(argv, log)
+def _run(jobs, argv, log, env=None) -> process.Job:
+  job = forkserver.job(argv, log, env=env)
   jobs.append(job)
   return job
+
+
+# A user's environment: no compilation cache of the suite's own, so the product's default (under the job
+# directory, here on the bucket) is the one used.
+WITHOUT_SUITE_CACHE = {k: v for k, v in os.environ.items()
+                       if not k.startswith(('JAX_COMPILATION_CACHE', 'JAX_PERSISTENT_CACHE'))}
+_CACHE_WRITE = r'Writing pjit__wrapped_step_fn to persistent compilation cache with key (\S+)\.'
+
+
+def _assert_loaded_from_the_buckets_cache(gcs, job_name, first, second) -> None:
+  """The compilation cache is on by default under the job directory, on gs:// too: the first run wrote its
+  train step there, the second (a restore: its state copied into memory XLA owns first) loaded it. A miss
+  would write the same key again."""
+  keys = re.findall(_CACHE_WRITE, first.log())
+  assert keys and not set(keys) & set(re.findall(_CACHE_WRITE, second.log())), keys
+  assert 'copied into memory XLA owns' in second.log()
+  assert any(name.endswith(keys[0]) for name in gcs.objects(f'{job_name}/autockpt/compilation_cache/')), keys
 
 
 def _preempt(job, code=143) -> None:
@@ -79,7 +96,8 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
   in the slow-restore test, continuous saves with keep-latest and the report on the bucket in the grace test,
   a delete that takes the commit marker first in tests/test_layout.py, stock paxml/main.py on local disk).
   Here besides: keep-latest's deletions gone from the bucket, a refused read (403) ends in one line, exit 1,
-  and stock paxml/main.py on the bucket with its checkpoint writes refused exits 1 naming the newest one."""
+  stock paxml/main.py on the bucket with its checkpoint writes refused exits 1 naming the newest one, and the
+  compilation cache on the bucket (runs 1 and 2 without the suite's own): run 2's train step loaded from it."""
   job_name = 'single'
   job = gcs.url(job_name)
   argv = process.ours_argv(CONTINUOUS, job, '--autockpt_keep_latest=1', '--tensorstore_use_ocdbt=false')
@@ -87,7 +105,7 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
   # Run 1: continuous saves on the bucket, keep the latest 1; SIGTERM -> the agreed step committed. It
   # comes once the 2nd save's commit deleted the 1st. After the signal nothing is deleted (the next run
   # does): the save in flight, if any, and the on-demand one add to the 1.
-  run1 = _run(jobs, argv, str(tmp_path / 'run1.log'))
+  run1 = _run(jobs, argv, str(tmp_path / 'run1.log'), env=WITHOUT_SUITE_CACHE)
   run1.wait_for_log(r'\[autockpt\] preservation deleted steps', timeout=300)  # its event uploads later
   _preempt(run1)
   step = events_of(job, 'preemption')[-1]['step']
@@ -123,9 +141,10 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
   # (the hosts agree on a later step than the signal's, in one run 23 steps later: the damaged step's
   # number). Run 3, which restores run 2's step, then trains past it too.
   run2 = _run(jobs, [*argv, '--autockpt_continuous=false', '--autockpt_min_interval_secs=0'],
-              str(tmp_path / 'run2.log'))
+              str(tmp_path / 'run2.log'), env=WITHOUT_SUITE_CACHE)
   _wait_past(run2, step)
   _preempt(run2)
+  _assert_loaded_from_the_buckets_cache(gcs, job_name, run1, run2)
   assert [e['step'] for e in events_of(job, 'restore_skipped')] == [step]
   assert 'does not match the manifest' in events_of(job, 'restore_skipped')[0]['error']
   assert _last_run(job, 'start')[0]['restored_step'] == committed[-2]
