@@ -8,6 +8,7 @@ that page drifts). A flag given on the command line wins over the attribute.
 
 import dataclasses
 import importlib.util
+import math
 import re
 import textwrap
 import types
@@ -44,12 +45,12 @@ def _bool(v):
   return None if isinstance(v, bool) else 'use True or False'
 
 
-def _seconds_at_least_0(v):
-  return None if _number(v) and v >= 0 else 'use a number of seconds >= 0'
+def _seconds_at_least_0(v):  # finite: an infinite retry budget never ends its backoff's list
+  return None if _number(v) and 0 <= v < math.inf else 'use a number of seconds >= 0'
 
 
-def _seconds_above_0(v):
-  return None if _number(v) and v > 0 else 'use a number of seconds > 0'
+def _seconds_above_0(v):  # finite: no wait takes an infinite timeout (OverflowError)
+  return None if _number(v) and 0 < v < math.inf else 'use a number of seconds > 0'
 
 
 def _optional(ok: Callable[[Any], bool], fix: str) -> Rule:

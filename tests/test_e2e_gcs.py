@@ -40,10 +40,10 @@ def _run(jobs, argv, log, env=None) -> process.Job:
   return job
 
 
-# A user's environment: no compilation cache of the suite's own, so the product's default (under the job
-# directory, here on the bucket) is the one used.
-WITHOUT_SUITE_CACHE = {k: v for k, v in os.environ.items()
-                       if not k.startswith(('JAX_COMPILATION_CACHE', 'JAX_PERSISTENT_CACHE'))}
+def _without_suite_cache() -> dict[str, str]:
+  """A user's environment (the local GCS's settings included, set by its fixture): no compilation cache of the
+  suite's own, so the product's default (under the job directory, here on the bucket) is the one used."""
+  return {k: v for k, v in os.environ.items() if not k.startswith(('JAX_COMPILATION_CACHE', 'JAX_PERSISTENT_CACHE'))}
 _CACHE_WRITE = r'Writing pjit__wrapped_step_fn to persistent compilation cache with key (\S+)\.'
 
 
@@ -100,12 +100,12 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
   compilation cache on the bucket (runs 1 and 2 without the suite's own): run 2's train step loaded from it."""
   job_name = 'single'
   job = gcs.url(job_name)
-  argv = process.ours_argv(CONTINUOUS, job, '--autockpt_keep_latest=1', '--tensorstore_use_ocdbt=false')
+  argv = process.ours_argv(CONTINUOUS, job, '--autockpt_keep_latest=2', '--tensorstore_use_ocdbt=false')
 
-  # Run 1: continuous saves on the bucket, keep the latest 1; SIGTERM -> the agreed step committed. It
-  # comes once the 2nd save's commit deleted the 1st. After the signal nothing is deleted (the next run
-  # does): the save in flight, if any, and the on-demand one add to the 1.
-  run1 = _run(jobs, argv, str(tmp_path / 'run1.log'), env=WITHOUT_SUITE_CACHE)
+  # Run 1: continuous saves on the bucket, keep the latest 2; SIGTERM -> the agreed step committed. It
+  # comes once the 3rd save's commit deleted the 1st. The exit runs the policy once after its commit: the
+  # newest 2 are left (3 where that preservation did not finish inside the grace period).
+  run1 = _run(jobs, argv, str(tmp_path / 'run1.log'), env=_without_suite_cache())
   run1.wait_for_log(r'\[autockpt\] preservation deleted steps', timeout=300)  # its event uploads later
   _preempt(run1)
   step = events_of(job, 'preemption')[-1]['step']
@@ -141,7 +141,7 @@ def test_preempt_resume_keep_latest_half_written_and_damaged_steps_on_gcs(jobs, 
   # (the hosts agree on a later step than the signal's, in one run 23 steps later: the damaged step's
   # number). Run 3, which restores run 2's step, then trains past it too.
   run2 = _run(jobs, [*argv, '--autockpt_continuous=false', '--autockpt_min_interval_secs=0'],
-              str(tmp_path / 'run2.log'), env=WITHOUT_SUITE_CACHE)
+              str(tmp_path / 'run2.log'), env=_without_suite_cache())
   _wait_past(run2, step)
   _preempt(run2)
   _assert_loaded_from_the_buckets_cache(gcs, job_name, run1, run2)

@@ -74,19 +74,52 @@ def test_flag_given_on_command_line_wins(autockpt_flags):
   assert s.exit_code == 99 and s.keep_latest == 4  # not given: the attribute stays
 
 
-def test_bad_flag_is_named_as_flag(autockpt_flags):
-  autockpt_flags(['prog', '--autockpt_keep_latest=0'])
-  with pytest.raises(settings_lib.ConfigError, match=r'^--autockpt_keep_latest=0 is invalid'):
+@pytest.mark.parametrize('given, named', [('--autockpt_keep_latest=0', '--autockpt_keep_latest=0'),
+                                          ('--autockpt_grace_secs=-30', '--autockpt_grace_secs=-30.0'),
+                                          ('--autockpt_grace_secs=inf', '--autockpt_grace_secs=inf')])
+def test_bad_flag_is_named_as_flag(autockpt_flags, given, named):
+  autockpt_flags(['prog', given])
+  with pytest.raises(settings_lib.ConfigError, match=f'^{named} is invalid: use '):
     settings_lib.resolve(Exp())
 
 
-@pytest.mark.parametrize('bad', [-1, 0, 'x', 1.5, 300])
-def test_a_flag_fix_suggests_only_values_a_flag_accepts(bad):
-  """absl cannot set an integer or float flag to None: leaving the flag out is the way to "unset"."""
-  for name in settings_lib.FIELDS:
-    if settings_lib.flag_name(name):
-      fix = settings_lib.fix_for(name, bad, f'--{settings_lib.flag_name(name)}')
-      assert fix is None or ('None' not in fix and '{unset}' not in fix), (name, fix)
+INF, NAN = float('inf'), float('nan')
+# Every numeric setting, with the values it must reject (what a flag can say: absl parses 'inf' and 'nan' too).
+BAD_NUMBERS = {
+    'exit_code': [0, 1, 2, 256, -1, 1.5],
+    'min_interval_secs': [-1, -0.5, INF, NAN],
+    'mtbf_hours': [0, -2.5, NAN],
+    'keep_latest': [0, -1, 1.5],
+    'keep_every_secs': [0, -1, NAN],
+    'keep_every_steps': [0, -1, 1.5],
+    'keep_best': [0, -1, 1.5],
+    'restore_retry_secs': [-1, -0.5, INF, NAN],  # inf: a retry budget whose backoff never ends
+    'grace_secs': [0, -1, -300.0, INF, NAN],  # inf: a wait no timeout can hold
+    'background_nice': [-1, 20, 1.5],
+    'local_min_interval_secs': [-1, NAN],
+    'local_keep': [0, -1, 1.5],
+    'local_peer_port': [-1, 65536, 1.5],
+    'local_buddy_mb_per_sec': [0, -1, NAN],
+}
+
+
+def test_every_numeric_flag_has_its_bad_values_listed():
+  """A new numeric setting comes with the values its rule must reject."""
+  numeric = {n for n in settings_lib.FIELDS if settings_lib.flag_name(n) and settings_lib.flag_type(n) in (int, float)}
+  assert numeric == set(BAD_NUMBERS)
+
+
+@pytest.mark.parametrize('name, bad', [(n, v) for n, values in BAD_NUMBERS.items() for v in values])
+def test_a_flag_fix_suggests_only_values_a_flag_accepts(name, bad):
+  """Each out-of-range value gets a fix, as a flag and as an attribute; absl cannot set an integer or float flag to
+  None: leaving the flag out is the way to "unset"."""
+  flag = f'--{settings_lib.flag_name(name)}'
+  fix = settings_lib.fix_for(name, bad, flag)
+  assert fix and 'None' not in fix and '{unset}' not in fix, (name, bad, fix)
+  assert settings_lib.fix_for(name, bad, f'Bad.{settings_lib.attribute(name)}'), (name, bad)
+  with pytest.raises(settings_lib.ConfigError) as e:
+    settings_lib.validate_values(settings_lib.Settings(**{name: bad}), {name: flag})
+  assert str(e.value).startswith(f'{flag}={bad!r} is invalid: use ') and '\n' not in str(e.value)
 
 
 def test_an_attribute_fix_may_still_suggest_none():
