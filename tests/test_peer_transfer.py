@@ -242,16 +242,31 @@ def test_memory_stays_bounded_by_the_buffer_not_the_shares_size(tmp_path):
   _same_files(donor, got)
 
 
-def test_a_capped_fetch_takes_at_least_its_bytes_over_the_cap_and_arrives_whole(tmp_path):
-  """A background copy (buddy copies) is capped: 8 MB at 16 MB/s cannot take less than 0.5 s (a lower bound
-  the cap's sleeps make sure of, not a timing of this machine)."""
+class _CapClock:
+  """peer_transfer's clock, stopped: only the cap's sleeps move it (at once), so what they add up to is the cap's
+  doing alone, whatever this machine's speed."""
+
+  def __init__(self):
+    self.slept: list[float] = []
+
+  def monotonic(self) -> float:
+    return sum(self.slept)
+
+  def sleep(self, secs: float) -> None:
+    self.slept.append(secs)
+
+
+def test_a_capped_fetch_takes_at_least_its_bytes_over_the_cap_and_arrives_whole(tmp_path, monkeypatch):
+  """A background copy (buddy copies) is capped: 8 MB at 16 MB/s cannot take less than 0.5 s. Before each read
+  the copy sleeps until the bytes so far fit the cap: the sleeps add up to the bytes before the last read."""
   donor = _donor(tmp_path / 'donor', 5, rows=64, cols=32 * 1024)
   size = (donor / layout.LOCAL_SHARDS).stat().length
+  clock = _CapClock()
+  monkeypatch.setattr(peer_transfer, 'time', clock)
   with _server(tmp_path / 'donor') as server:
-    began = time.monotonic()
     got = peer_transfer.fetch_step(server.address, SECRET, 5, tmp_path / 'got', max_bytes_per_sec=16e6)
-    took = time.monotonic() - began
-  assert size > 8e6 and took >= (size - peer_transfer.BUFFER_BYTES) / 16e6, (size, took)
+  assert size > 8e6 and (size - peer_transfer.BUFFER_BYTES) / 16e6 <= sum(clock.slept) <= size / 16e6, (size, clock)
+  assert len(clock.slept) >= size / peer_transfer.BUFFER_BYTES  # a sleep before each read, a read per buffer at most
   assert (got / layout.LOCAL_SHARDS).read_bytes() == (donor / layout.LOCAL_SHARDS).read_bytes()
 
 

@@ -123,12 +123,10 @@ def test_second_ctrl_c_aborts_at_once_even_with_the_main_thread_stuck_in_c(tmp_p
     assert _wait_for(lambda: 'ready' in out.read_text(), timeout=60), err.read_text()
     time.sleep(0.2)  # into pthread_cond_wait
     proc.send_signal(signal.SIGINT)
-    assert _wait_for(lambda: 'Ctrl-C: saving' in err.read_text(), timeout=3), err.read_text()
+    assert _wait_for(lambda: 'Ctrl-C: saving' in err.read_text(), timeout=30), err.read_text()
     assert proc.poll() is None
-    sent = time.time()
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=3) == 130
-    assert time.time() - sent < 2.0
+    assert proc.wait(timeout=30) == 130  # the C call never returns: only the second Ctrl-C's abort ends the process
     assert 'second Ctrl-C: aborting now' in err.read_text()
     assert 'KeyboardInterrupt' not in err.read_text()
   finally:
@@ -168,12 +166,11 @@ def test_sigterm_arrival_is_recorded_in_front_of_xla_s_notifier_which_still_agre
   script = textwrap.dedent('''
       import ctypes, os, signal, threading, time
       import jax
-      from jax._src import distributed
-      from pax_autockpt import signals
+      from pax_autockpt import coordination, signals
       jax.distributed.initialize('127.0.0.1:%d', num_processes=1, process_id=0)
       signals.install_interrupt()
       signals.hand_over(lambda: None)
-      sync = distributed.global_state.preemption_sync_manager
+      sync = coordination.preemption_sync_manager()
       sent = []
       def send():
         time.sleep(0.3)

@@ -1,0 +1,113 @@
+"""The exit path's plan at the agreed step, through AutockptCheckpointer around the fake (tests/fakes.py): the
+budget (`grace_secs`, from the signal's arrival) and the save duration (an earlier run's event log) are the
+test's, so the plan does not depend on how fast this machine saves."""
+
+import re
+import time
+from unittest import mock
+
+import pytest
+
+from pax_autockpt import events as events_lib
+from pax_autockpt import grace
+from pax_autockpt import layout
+from pax_autockpt import outcomes
+from pax_autockpt import settings as settings_lib
+from pax_autockpt import signals
+from tests import fakes
+from tests.fakes import STATE
+
+pytestmark = pytest.mark.usefixtures('clean_signals')
+
+
+@pytest.fixture
+def job(tmp_path):
+  return tmp_path / 'job'
+
+
+def measured(job, duration_s: float) -> None:
+  """An earlier run of the job committed step 10 in `duration_s`: this job's measured save duration."""
+  fakes.write_checkpoint(layout.step_dir(layout.checkpoint_dir(job), 10))
+  log = events_lib.EventLog(job, 0)
+  now = time.time()
+  log.write('save_started', t=now - 1000.0, step=10, reason='interval', blocking_s=0.1, wait_s=0.0)
+  log.write('save_committed', t=now - 1000.0 + duration_s, step=10, duration_s=duration_s)
+
+
+def seconds_left(event) -> float:
+  """The budget the plan saw, from its words ('<left> s left of the grace period, ...')."""
+  return float(re.match(r'(-?[\d.]+) s left of the grace period', event['why']).group(1))
+
+
+def test_the_budget_counts_from_the_signals_arrival_not_from_the_agreed_step(job):
+  """The agreed step comes 50 s after the SIGTERM: of a 60 s grace period 10 s are left, less than a new save
+  needs (1.5 x 10 s + 2 s): give up. Counted from the agreed step, 60 s would be left, and the save would start."""
+  measured(job, 10.0)
+  ckpt, fake = fakes.wrap(job, settings_lib.Settings(grace_secs=60.0), interval=1000)
+  ckpt.save_if_needed(11, STATE)
+  fakes.preempt()
+  arrival, real_time = signals.received()[1], time.time
+  with mock.patch.object(time, 'time', side_effect=lambda: real_time() + 50.0):  # the loop is 50 s later
+    with pytest.raises(outcomes.SaveFailed, match='No time left to save step 12'):
+      ckpt.save_if_needed(12, STATE)
+  event, = fakes.events(job, 'preemption')
+  assert (event['plan'], event['signal_at']) == (grace.GIVE_UP, round(arrival, 6))
+  assert 0.0 < seconds_left(event) <= 10.0, event  # 10 s, less what this test took (not 60)
+  assert event['phase_s'] >= 50.0
+  assert fake.orbax.attempts == []
+
+
+def test_no_time_for_a_new_save_keeps_the_save_in_flight(job, monkeypatch):
+  """A save takes ~100 s (150 s with the margin): the one in flight (step 20) and a new one need ~302 s of the
+  250 s left, a new one alone would fit. The exit keeps step 20's save, waits for its commit, starts none of
+  step 21, and names step 20."""
+  measured(job, 100.0)
+  monkeypatch.setattr(fakes, 'GATE_TIMEOUT_S', 60.0)  # the commit waits for the plan, however slow the machine
+  ckpt, fake = fakes.wrap(job, settings_lib.Settings(grace_secs=250.0), interval=20)
+  fake.orbax.gate.clear()
+  plans = []
+  real_plan = grace.plan
+
+  def plan_then_commit(ctx):  # the save in flight commits only once the plan saw it in flight
+    plans.append(real_plan(ctx))
+    fake.orbax.gate.set()
+    return plans[-1]
+
+  monkeypatch.setattr(grace, 'plan', plan_then_commit)
+  for step in range(11, 21):
+    ckpt.save_if_needed(step, STATE)  # 20: Pax's interval, a background save held at its commit
+  fakes.preempt()
+  with pytest.raises(outcomes.Preempted) as stop:
+    ckpt.save_if_needed(21, STATE)
+  assert [(p.action, p.kept_step) for p in plans] == [(grace.KEEP_IN_FLIGHT, 20)]
+  assert stop.value.step == 21 and str(stop.value) == 'Checkpoint of step 20 committed (no time to save step 21 ' \
+                                                       'as well)'
+  assert fake.orbax.attempts == [20]  # no save of step 21 started
+  assert layout.committed_steps(layout.checkpoint_dir(job)) == [10, 20]
+  event, = fakes.events(job, 'preemption')
+  assert (event['step'], event['plan'], event['saved_step']) == (21, grace.KEEP_IN_FLIGHT, 20)
+  assert 200.0 < seconds_left(event) <= 250.0, event
+
+
+@pytest.mark.parametrize('duration_s, plan', [(100.0, grace.SAVE), (200.0, grace.GIVE_UP)])
+def test_with_nothing_in_flight_a_save_that_does_not_fit_gives_up(job, duration_s, plan):
+  """250 s left, nothing in flight: a 100 s save (152 s with the margins) fits and is saved; a 200 s one (302 s)
+  does not: SaveFailed (the executor exits 1, tests/test_executor.py) naming the newest committed, nothing saved."""
+  measured(job, duration_s)
+  ckpt, fake = fakes.wrap(job, settings_lib.Settings(grace_secs=250.0), interval=1000)
+  ckpt.save_if_needed(11, STATE)
+  fakes.preempt()
+  if plan == grace.SAVE:
+    with pytest.raises(outcomes.Preempted, match='On-demand checkpoint of step 12 committed'):
+      ckpt.save_if_needed(12, STATE)
+    assert fake.orbax.attempts == [12]
+  else:
+    with pytest.raises(outcomes.SaveFailed) as failed:
+      ckpt.save_if_needed(12, STATE)
+    assert failed.value.step == 12
+    assert str(failed.value).startswith('No time left to save step 12 (') and \
+        str(failed.value).endswith('the newest committed checkpoint is 10')
+    assert fake.orbax.attempts == []
+  event, = fakes.events(job, 'preemption')
+  assert (event['plan'], event['saved_step']) == (plan, 12)
+  assert 200.0 < seconds_left(event) <= 250.0, event
