@@ -25,9 +25,9 @@ from typing import Any, Callable
 
 from absl import logging
 import jax
-from jax._src import distributed
 
-_PREFIX = 'autockpt/decision/'
+from pax_autockpt import coordination
+
 _TIMEOUT_MS = 10 * 60 * 1000  # a peer stuck for 10 minutes is dead: fail rather than hang
 READS_PER_STEP = 64  # the coordinator serves at most about this many decision reads per step
 STALL_SECS = 10 * 60  # a restore-time wait ends once no host it waits for has shown progress for this long
@@ -45,13 +45,13 @@ class PrimaryDecides:
   """Call once per loop iteration on every host, in the same order; every host gets the same answer."""
 
   def __init__(self, process_index: int, client=None, process_count: int | None = None,
-               interval: int | None = None, prefix: str = _PREFIX):
+               interval: int | None = None, prefix: str = coordination.SAVE_DECISIONS):
     """`client` and `process_count` default to jax.distributed's; given, they let a simulation run many
     hosts' decisions in one process (pax_autockpt.tools.decision_sim). `interval` defaults to
     `decision_interval(process_count)`: the same on every host. Each question asked every iteration
     (the bucket's save, the local tier's) has its own `prefix`."""
     self._prefix = prefix
-    self._client = distributed.global_state.client if client is None else client
+    self._client = coordination.client() if client is None else client
     self._count = process_count
     self._interval = interval
     self._primary = process_index == 0
@@ -89,10 +89,7 @@ class PrimaryDecides:
       self._client.key_value_set(key, '1' if answer else '0')
       if self._exchanges >= 2:
         # Every host has read n-2: it took part in the collectives of the steps that followed it.
-        try:
-          self._client.key_value_delete(f'{self._prefix}{self._exchanges - 2}')
-        except TypeError:
-          pass  # jaxlib 0.4.26 deletes, then cannot convert the returned absl::Status
+        coordination.delete(self._client, f'{self._prefix}{self._exchanges - 2}')
     else:
       answer = self._client.blocking_key_value_get(key, _TIMEOUT_MS) == '1'
     self._exchanges += 1
@@ -116,7 +113,7 @@ def moved() -> None:
 
 def _service() -> tuple[Any, int]:
   """The coordination client and the number of hosts; (None, 1) with one process: nothing to wait for."""
-  client = distributed.global_state.client
+  client = coordination.client()
   return (client, jax.process_count()) if client is not None and jax.process_count() > 1 else (None, 1)
 
 
@@ -149,16 +146,9 @@ def _beat(client: Any, prefix: str, done: threading.Event) -> None:
     try:
       client.key_value_set(f'{prefix}{n}', str(seen))
       if n > 1:
-        _delete(client, f'{prefix}{n - 1}')
+        coordination.delete(client, f'{prefix}{n - 1}')
     except Exception as e:  # pylint: disable=broad-except  (unseen progress: the others may give up sooner)
       logging.warning('[autockpt] could not publish this host\'s progress: %s', e)
-
-
-def _delete(client: Any, key: str) -> None:
-  try:
-    client.key_value_delete(key)
-  except TypeError:
-    pass  # jaxlib 0.4.26 deletes, then cannot convert the returned absl::Status
 
 
 def reports(key: str, host: int, report: str | None) -> dict[int, str]:
@@ -219,10 +209,7 @@ def _progress(client: Any, key: str) -> frozenset:
 def _settle(client: Any, key: str, mine: str) -> str:
   """The first outcome any host set at `key` ('ok', or a timeout and its line), the same on every host: a key
   is set once, so a later host's set fails and it reads the first."""
-  try:
-    client.key_value_set(f'{key}/outcome', mine)
-  except Exception:  # pylint: disable=broad-except  (ALREADY_EXISTS: another host settled it first)
-    pass
+  coordination.claim(client, f'{key}/outcome', mine)  # False: another host settled it first
   return client.blocking_key_value_get(f'{key}/outcome', _SETTLE_MS)
 
 

@@ -25,14 +25,13 @@ import time
 
 from absl import logging
 from etils import epath
-from jax._src import distributed
 
 from pax_autockpt import background_save
+from pax_autockpt import coordination
 from pax_autockpt import failures
 from pax_autockpt import layout
 from pax_autockpt import peer_transfer
 
-_KEY = 'autockpt/buddy/'
 RETRY_SECS = 10.0  # an owner renames its step a moment after its keeper does: a 404 is retried this long
 ADDRESS_WAIT_MS = 60_000  # every host publishes its address before the first local commit can happen
 OFFERED = 1000  # this run's commits within this many steps of its newest are served (a copy may lag behind)
@@ -63,7 +62,7 @@ class BuddyCopies:
     self.kept = layout.local_buddy_dir(folder)
     self.owner = owner(host, hosts, slices)
     self._rate, self._nice = mb_per_sec * 1e6, nice
-    self._client = distributed.global_state.client
+    self._client = coordination.client()
     self._offered: set[int] = set()  # this run's recent commits: nothing else on this disk is served
     self._cond = threading.Condition()
     self._wanted: int | None = None
@@ -94,7 +93,7 @@ class BuddyCopies:
       logging.warning('[autockpt] buddy copies: this host cannot serve its local steps on %s:%d (%s): host %d keeps '
                       'no copy of them; this host still keeps host %d\'s.', *self._address, self.server_error,
                       self._keeper, self.owner)
-    self._client.key_value_set(f'{_KEY}{self._host}', json.dumps(published))
+    self._client.key_value_set(f'{coordination.BUDDY_ADDRESSES}{self._host}', json.dumps(published))
     if self.serving:
       logging.info('[autockpt] buddy copies: this host keeps host %d\'s newest local step in %s (at most %.0f MB/s); '
                    'host %d keeps this host\'s; serving on %s:%d.', self.owner, self.kept, self._rate / 1e6,
@@ -153,7 +152,8 @@ class BuddyCopies:
 
   def _fetch(self, step: int, deadline: float) -> epath.Path | None:
     if self._peer is None:
-      self._peer = json.loads(self._client.blocking_key_value_get(f'{_KEY}{self.owner}', ADDRESS_WAIT_MS))
+      key = f'{coordination.BUDDY_ADDRESSES}{self.owner}'
+      self._peer = json.loads(self._client.blocking_key_value_get(key, ADDRESS_WAIT_MS))
     if 'error' in self._peer:
       raise peer_transfer.PeerUnavailable(f'host {self.owner} serves no copies: {self._peer["error"]}')
     while True:

@@ -9,11 +9,11 @@ from typing import Any, Callable
 from absl import logging
 from etils import epath
 import jax
-from jax._src import distributed
 
 from pax_autockpt import agreement
 from pax_autockpt import background_save
 from pax_autockpt import buddy
+from pax_autockpt import coordination
 from pax_autockpt import costs as costs_lib
 from pax_autockpt import events as events_lib
 from pax_autockpt import exit_path
@@ -84,7 +84,7 @@ class AutockptCheckpointer:
     if self._preservation is not None:
       internals.turn_off_max_to_keep(self._orbax_manager)
     self._agree = agreement.PrimaryDecides(events.host)
-    self._notices = notices.NoticeAgreement(events.host, distributed.global_state.client, jax.process_count())
+    self._notices = notices.NoticeAgreement(events.host, coordination.client(), jax.process_count())
     notices.watch(settings.notices, self._notices.announce)
     self._checksums = settings.checksums
     self._compression = settings.compression
@@ -136,7 +136,7 @@ class AutockptCheckpointer:
       signals.on_first_signal(rescue.signal_arrived)
     self._startup = None
     if exit_after_ondemand_checkpoint:
-      self._startup = startup_exit.StartupExit(distributed.global_state.client, events.host, events,
+      self._startup = startup_exit.StartupExit(coordination.client(), events.host, events,
                                                settings.exit_code, settings.grace_secs, self._nothing_to_save_yet,
                                                self._newest_known, take_over=self._exit.take_over)
 
@@ -441,7 +441,7 @@ class AutockptCheckpointer:
         logging.warning('[autockpt] step %d is due again: its damaged checkpoint moved to %s.', step, aside)
       except Exception as e:  # pylint: disable=broad-except
         error = f'its damaged checkpoint could not be moved aside: {failures.one_line(e)}'
-    error = agreement.first_report(f'autockpt/free-name/{step}/{next(self._free_tries)}', self._events.host,
+    error = agreement.first_report(f'{coordination.FREE_NAME}{step}/{next(self._free_tries)}', self._events.host,
                                    error)
     if error is not None:
       raise OSError(error)

@@ -22,6 +22,7 @@ from absl import logging
 
 from pax_autockpt import agreement
 from pax_autockpt import background_save
+from pax_autockpt import coordination
 from pax_autockpt import costs as costs_lib
 from pax_autockpt import events as events_lib
 from pax_autockpt import grace
@@ -181,7 +182,7 @@ class ExitPath:
             remaining_s=deadline.remaining(), save_duration_s=self._costs.duration_s,
             in_flight_step=self._background.saving_step,
             in_flight_elapsed_s=self._background.saving_for())).encode()
-    return grace.ExitPlan.decode(agreement.first_report(f'autockpt/exit-plan/{step}', self._events.host, mine))
+    return grace.ExitPlan.decode(agreement.first_report(f'{coordination.EXIT_PLAN}{step}', self._events.host, mine))
 
   def _replanned(self, step: int, deadline: grace.Deadline) -> grace.ExitPlan:
     """The plan was to save after the save in flight: once that one finished (waited for within the
@@ -193,7 +194,7 @@ class ExitPath:
       committed = in_flight if in_flight is not None and layout.is_committed(self._step_dir(in_flight)) else None
       mine = grace.replan(grace.ExitContext(remaining_s=deadline.remaining(), save_duration_s=self._costs.duration_s),
                           committed, self._costs.last_duration_s).encode()
-    return grace.ExitPlan.decode(agreement.first_report(f'autockpt/exit-replan/{step}', self._events.host, mine))
+    return grace.ExitPlan.decode(agreement.first_report(f'{coordination.EXIT_REPLAN}{step}', self._events.host, mine))
 
   def on_notice(self, step: int, notice: notices.Notice, state: dict[str, Any]) -> None:
     """A maintenance or preemption notice (any host's): every host saves this step; training goes on

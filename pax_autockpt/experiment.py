@@ -51,8 +51,9 @@ class AutockptMixin:
     under --jax_fully_async_checkpoint=false): every barrier and broadcast of the saves would silently
     do nothing, and hosts would commit before their peers finished writing."""
     import jax  # pylint: disable=g-import-not-at-top
-    from jax._src import distributed  # pylint: disable=g-import-not-at-top
-    if jax.process_count() > 1 and distributed.global_state.client is None:
+
+    from pax_autockpt import coordination  # pylint: disable=g-import-not-at-top
+    if jax.process_count() > 1 and coordination.client() is None:
       _config_error(f'{jax.process_count()} processes but no jax.distributed coordination service: pass '
                     '--jax_fully_async_checkpoint=true (python -m pax_autockpt.main does) or call '
                     'jax.distributed.initialize() before training')

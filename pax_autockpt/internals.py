@@ -16,11 +16,11 @@ from typing import Any, Callable
 
 from etils import epath
 import jax
-from jax._src import distributed
 import numpy as np
 from orbax.checkpoint import multihost as orbax_multihost
 from orbax.checkpoint import utils as orbax_utils
 
+from pax_autockpt import coordination
 from pax_autockpt import failures
 from pax_autockpt import layout
 from pax_autockpt import outcomes
@@ -256,11 +256,11 @@ def _next_key(kind: str, name: str) -> str:
   """Every host calls orbax's barriers and broadcasts in the same order: per-name counters agree."""
   with _uses_lock:
     _uses[(kind, name)] += 1
-    return f'autockpt/orbax/{kind}/{name}/{_uses[(kind, name)]}'
+    return f'{coordination.ORBAX_SYNC}{kind}/{name}/{_uses[(kind, name)]}'
 
 
 def _barrier(name: str, processes: Any = None) -> None:
-  client = distributed.global_state.client
+  client = coordination.client()
   if client is None or jax.process_count() == 1:
     return
   if name == 'Checkpointer:restore' and getattr(_restoring, 'active', False):
@@ -271,7 +271,7 @@ def _barrier(name: str, processes: Any = None) -> None:
 
 
 def _broadcast(in_tree: Any, *, is_source: bool | None = None, processes: Any = None) -> Any:
-  client = distributed.global_state.client
+  client = coordination.client()
   if client is None or jax.process_count() == 1:
     return in_tree
   if processes is not None:

@@ -34,6 +34,7 @@ import uuid
 from etils import epath
 
 from pax_autockpt import agreement
+from pax_autockpt import coordination
 from pax_autockpt import layout
 
 
@@ -209,7 +210,7 @@ def identify(job_log_dir: epath.PathLike, host: int) -> tuple[str, str]:
       path.parent.mkdir(parents=True, exist_ok=True)
       path.write_text(f'{uuid.uuid4().hex}\n')
     mine = f'{job_identity(path.read_text().strip(), job_log_dir)}|{uuid.uuid4().hex}'
-  job, run = agreement.first_report('autockpt/lineage/ids', host, mine).split('|', 1)
+  job, run = agreement.first_report(coordination.LINEAGE_IDS, host, mine).split('|', 1)
   return job, run
 
 

@@ -24,16 +24,15 @@ from typing import Any
 
 from absl import logging
 from etils import epath
-from jax._src import distributed
 
 from pax_autockpt import agreement
+from pax_autockpt import coordination
 from pax_autockpt import failures
 from pax_autockpt import layout
 from pax_autockpt import lineage as lineage_lib
 from pax_autockpt import local_tier
 from pax_autockpt import peer_transfer
 
-_KEY = 'autockpt/local-restore/'
 _FILL_WAIT_MS = 10 * 60 * 1000
 
 
@@ -188,7 +187,7 @@ class LocalRestore:
 
   def plan(self, needs: str, job: JobState, needs_input: bool) -> Plan | None:
     """Every host's reports, one plan on every host (against host 0's newest job-directory checkpoint)."""
-    key = f'{_KEY}plan/{self._plans + 1}'
+    key = f'{coordination.LOCAL_RESTORE}plan/{self._plans + 1}'
     with agreement.working(key, self._host):  # the hosts already at the plan wait while this one reads
       has, buddy = self._offers(needs_input, job)
     self._plans += 1
@@ -218,8 +217,8 @@ class LocalRestore:
     """Hosts without their own copy stream a peer's straight from it (pax_autockpt.peer_transfer: the
     coordination service carries only its address and a secret made for this transfer); True on every host
     when every fill succeeded, else every host restores from the job directory."""
-    client = distributed.global_state.client
-    prefix = f'{_KEY}fill/{self._plans}/{plan.step}/'
+    client = coordination.client()
+    prefix = f'{coordination.LOCAL_RESTORE}fill/{self._plans}/{plan.step}/'
     kinds = sorted({buddy for found in plan.sources.values() for donor, buddy in found if donor == self._host})
     error, servers = None, []
     try:
@@ -345,7 +344,7 @@ def own_address() -> str:
   127.0.1.1, as Debian and many Slurm nodes do: the other machines reach that name elsewhere), the interface
   of the default route, else 127.0.0.1 in one line. 127.0.0.1 for a coordinator on loopback (every host on
   this machine) or none."""
-  coordinator = distributed.global_state.coordinator_address
+  coordinator = coordination.coordinator_address()
   if not coordinator:
     return '127.0.0.1'
   host, _, port = coordinator.rpartition(':')
@@ -387,8 +386,6 @@ def _loopback(address: str) -> bool:
 def _release(client: Any, folder: str) -> None:
   """Deletes a published copy from the coordination service (host 0's memory), every key under `folder`."""
   try:
-    client.key_value_delete(folder)
-  except TypeError:
-    pass  # jaxlib 0.4.26 deletes, then cannot convert the returned absl::Status
+    coordination.delete(client, folder)
   except Exception as e:  # pylint: disable=broad-except  (memory, not correctness)
     logging.warning('[autockpt] could not release the copy under %s: %s', folder, failures.one_line(e))

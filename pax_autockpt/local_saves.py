@@ -32,9 +32,9 @@ from typing import Any, Callable
 from absl import logging
 from etils import epath
 import jax
-from jax._src import distributed
 
 from pax_autockpt import agreement
+from pax_autockpt import coordination
 from pax_autockpt import events as events_lib
 from pax_autockpt import failures
 from pax_autockpt import layout
@@ -43,7 +43,6 @@ from pax_autockpt import local_lock
 from pax_autockpt import local_tier
 from pax_autockpt import signals
 
-_KEY = 'autockpt/local/'
 PEER_WAIT_SECS = 60.0  # a peer that has not written its part by then is gone: this step is not committed
 SUMMARY_SECS = 60.0  # at most one `local_committed` event per this long (after the run's first)
 AUTO_FACTOR = 20.0  # unset interval: a save's wall time is at most ~1/20 (5%) of the run's
@@ -60,14 +59,14 @@ class LocalSaves:
     self.folder = epath.Path(folder)
     local_lock.hold(self.folder, events.job_log_dir, events.host)  # made, and this job's, before anything here goes
     self._host, self._hosts = events.host, jax.process_count()
-    self._client = distributed.global_state.client if self._hosts > 1 else None
+    self._client = coordination.client() if self._hosts > 1 else None
     self._min_interval = min_interval_secs  # None: set from the measured cost (auto_interval)
     self._cost: float | None = None  # the previous local save's wall time, capture to commit (or failure)
     self._told = False  # whether the cadence in effect was logged (once per run)
     self._keep = keep
     self._events = events
     self._lineage = lineage
-    self._decide = agreement.PrimaryDecides(self._host, prefix='autockpt/local-decision/')
+    self._decide = agreement.PrimaryDecides(self._host, prefix=coordination.LOCAL_SAVE_DECISIONS)
     self._thread: threading.Thread | None = None
     self._last_start = -float('inf')
     self._published: list[int] = []  # steps whose coordination keys this host set
@@ -171,13 +170,13 @@ class LocalSaves:
     if self._client is None:
       return {self._host: mine}
     encoded = '-' if mine is None else base64.b64encode(mine).decode()
-    self._client.key_value_set(f'{_KEY}{step}/{self._host}', encoded)
+    self._client.key_value_set(f'{coordination.LOCAL_INPUT_POSITIONS}{step}/{self._host}', encoded)
     self._published.append(step)
     inputs = {}
     deadline = time.monotonic() + PEER_WAIT_SECS
     for host in range(self._hosts):
       wait_ms = max(1, int((deadline - time.monotonic()) * 1000))
-      got = self._client.blocking_key_value_get(f'{_KEY}{step}/{host}', wait_ms)
+      got = self._client.blocking_key_value_get(f'{coordination.LOCAL_INPUT_POSITIONS}{step}/{host}', wait_ms)
       inputs[host] = None if got == '-' else base64.b64decode(got)
     self._forget_keys(step)
     return inputs
@@ -186,10 +185,7 @@ class LocalSaves:
     """This host's keys of steps before the previous one: every peer that committed them read them."""
     for old in [s for s in self._published if s < step][:-1]:
       self._published.remove(old)
-      try:
-        self._client.key_value_delete(f'{_KEY}{old}/{self._host}')
-      except TypeError:
-        pass  # jaxlib 0.4.26 deletes, then cannot convert the returned absl::Status
+      coordination.delete(self._client, f'{coordination.LOCAL_INPUT_POSITIONS}{old}/{self._host}')
 
   def _keeps(self) -> set[int]:
     """The steps this run keeps: its newest `keep` commits (before the first, the local step it restored), and

@@ -28,12 +28,13 @@ import urllib.request
 
 from absl import logging
 
+from pax_autockpt import coordination
+
 KEYS = ('maintenance-event', 'preempted', 'upcoming-maintenance')
 DEFAULT_HOST = 'metadata.google.internal'
 _PROBE_TIMEOUT_S = 2.0
 _POLL_TIMEOUT_S = 300  # the server answers a long poll after this many seconds even with no change
 _KV_TIMEOUT_MS = 10 * 60 * 1000  # a peer that does not answer for 10 minutes is gone
-_PREFIX = 'autockpt/notice'
 _STOP = 'stop'  # in place of a notice: the job is ending
 
 
@@ -147,10 +148,8 @@ class NoticeAgreement:
     if self._listener is None or not self._listener.is_alive():
       return
     self._closing = True
-    try:
-      self._client.key_value_set(f'{_PREFIX}/{self._generation}', _STOP)
-    except Exception:  # pylint: disable=broad-except
-      pass  # a notice or another host's stop is there already: it wakes the listener as well
+    # False: a notice or another host's stop is there already: it wakes the listener as well.
+    coordination.claim(self._client, f'{coordination.NOTICES}{self._generation}', _STOP)
     self._listener.join(5)
 
   def announce(self, source: str, value: str) -> None:
@@ -162,15 +161,13 @@ class NoticeAgreement:
     payload = json.dumps(dataclasses.asdict(notice))
     generation = self._generation
     while True:
-      try:
-        self._client.key_value_set(f'{_PREFIX}/{generation}', payload)
+      if coordination.claim(self._client, f'{coordination.NOTICES}{generation}', payload):
         return
-      except Exception:  # pylint: disable=broad-except
-        # That generation is taken: by the same notice from another host (then nothing to do), else next.
-        taken = self._client.blocking_key_value_get(f'{_PREFIX}/{generation}', _KV_TIMEOUT_MS)
-        if json.loads(taken)['source'] == source and json.loads(taken)['value'] == value:
-          return
-        generation += 1
+      # That generation is taken: by the same notice from another host (then nothing to do), else next.
+      taken = self._client.blocking_key_value_get(f'{coordination.NOTICES}{generation}', _KV_TIMEOUT_MS)
+      if json.loads(taken)['source'] == source and json.loads(taken)['value'] == value:
+        return
+      generation += 1
 
   def due(self, step: int) -> Notice | None:
     """The notice whose save is due at `step`, if any; waits while an agreement is under way here."""
@@ -186,7 +183,7 @@ class NoticeAgreement:
     """Each generation's notice: publish this host's step, meet every host, agree on max + 1.
     Ends when jax.distributed shuts down (the pending read is cancelled)."""
     while True:
-      key = f'{_PREFIX}/{self._generation}'
+      key = f'{coordination.NOTICES}{self._generation}'
       try:
         raw = self._client.blocking_key_value_get(key, _KV_TIMEOUT_MS)
       except Exception as e:  # pylint: disable=broad-except

@@ -3,14 +3,10 @@
 import signal
 
 from absl import logging
-from jax._src import distributed
 
 from pax_autockpt import agreement
+from pax_autockpt import coordination
 from pax_autockpt import signals
-
-# One key per host that got a Ctrl-C: at the agreed step every host reads the directory, so that all of
-# them exit 130 (not 143) even when only one was interrupted.
-_INTERRUPT_PREFIX = 'autockpt/interrupt/'
 
 
 class PreemptionWatcher:
@@ -26,8 +22,8 @@ class PreemptionWatcher:
   """
 
   def __init__(self):
-    self._sync = distributed.global_state.preemption_sync_manager
-    self._client = distributed.global_state.client
+    self._sync = coordination.preemption_sync_manager()
+    self._client = coordination.client()
     self._iteration = 0
     self.agreed_step: int | None = None
     self.signal_name = signal.SIGTERM.name  # which signal the agreed step answers, once agreed
@@ -44,9 +40,11 @@ class PreemptionWatcher:
     signals.hand_over(self._publish_interrupt)
 
   def _publish_interrupt(self) -> None:
-    """Runs in the Ctrl-C watcher thread, before the SIGTERM that starts the agreement."""
+    """Runs in the Ctrl-C watcher thread, before the SIGTERM that starts the agreement. One key per host that
+    got a Ctrl-C: at the agreed step every host reads them all, so that all of them exit 130 (not 143) even
+    when only one was interrupted."""
     try:
-      self._client.key_value_set(f'{_INTERRUPT_PREFIX}{distributed.global_state.process_id}', 'SIGINT')
+      self._client.key_value_set(f'{coordination.CTRL_C_HOSTS}{coordination.process_id()}', 'SIGINT')
     except Exception as e:  # pylint: disable=broad-except  (the save matters more than the exit code)
       logging.warning('[autockpt] could not tell the other hosts about Ctrl-C: %s', e)
 
@@ -58,7 +56,7 @@ class PreemptionWatcher:
     if signals.interrupted():
       return signal.SIGINT.name
     try:
-      published = self._client.key_value_dir_get(_INTERRUPT_PREFIX)
+      published = self._client.key_value_dir_get(coordination.CTRL_C_HOSTS)
     except Exception as e:  # pylint: disable=broad-except
       logging.warning('[autockpt] could not read the hosts\' Ctrl-C flags: %s', e)
       published = []
@@ -90,7 +88,7 @@ class PreemptionWatcher:
     and a step that gains nothing over the checkpoint just restored. When True, `step` is the agreed step
     (and Ctrl-C on any host wins, as at any step)."""
     got = signals.received()
-    found = agreement.reports('autockpt/signal-before-training', distributed.global_state.process_id or 0,
+    found = agreement.reports(coordination.SIGNAL_BEFORE_TRAINING, coordination.process_id() or 0,
                               signals.name(got[0]) if got else None)
     if not found:
       return False

@@ -26,6 +26,7 @@ import jax
 
 from pax_autockpt import agreement
 from pax_autockpt import compilation_cache
+from pax_autockpt import coordination
 from pax_autockpt import events as events_lib
 from pax_autockpt import failures
 from pax_autockpt import integrity
@@ -203,7 +204,7 @@ class Restorer:
       if step is None:
         logging.info('[autockpt] no committed checkpoint: starting fresh.')
         return self._inner.get_model_states(partitioner, metadata, root_prng_key, train_input_pipeline)
-      self._key = f'autockpt/restore/{attempt}/{step}/{tries}'
+      self._key = f'{coordination.RESTORE}{attempt}/{step}/{tries}'
       local = step == self._local_step
       began, restored = time.monotonic(), None
       pipeline = train_input_pipeline if local else self._input_to_restore(step, train_input_pipeline)
@@ -452,7 +453,7 @@ class Restorer:
       except Exception as e:  # pylint: disable=broad-except
         where = f'failed|{failures.one_line(e)}'
     try:
-      outcome, where = agreement.first_report(f'autockpt/set-aside/{step}', self._host, where).split('|', 1)
+      outcome, where = agreement.first_report(f'{coordination.SET_ASIDE}{step}', self._host, where).split('|', 1)
     except agreement.Timeout as e:
       outcome, where = 'failed', str(e)
     if outcome == 'failed':

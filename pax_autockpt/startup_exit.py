@@ -26,11 +26,11 @@ from typing import Callable
 from absl import logging
 import jax
 
+from pax_autockpt import coordination
 from pax_autockpt import events as events_lib
 from pax_autockpt import exit_path
 from pax_autockpt import signals
 
-KEY = 'autockpt/startup-exit'
 _WAIT_MS = 24 * 60 * 60 * 1000  # a waiting thread's bound: the first step completes long before
 
 
@@ -95,21 +95,17 @@ class StartupExit:
   def _wait(self) -> None:
     """Every host: until the key is written, then act on it (`trained`: nothing to do)."""
     try:
-      value = self._client.blocking_key_value_get(KEY, _WAIT_MS)
+      value = self._client.blocking_key_value_get(coordination.STARTUP_EXIT, _WAIT_MS)
     except Exception:  # pylint: disable=broad-except  (the job ends otherwise: nothing to decide)
       return
     if value.startswith('exit'):
       self._exit(value)
 
   def _claim(self, value: str) -> bool:
-    try:
-      self._client.key_value_set(KEY, value)
-      return True
-    except Exception:  # pylint: disable=broad-except  (ALREADY_EXISTS: another host wrote first)
-      return False
+    return coordination.claim(self._client, coordination.STARTUP_EXIT, value)  # False: another host wrote first
 
   def _read(self) -> str:
-    return self._client.blocking_key_value_get(KEY, 10_000)
+    return self._client.blocking_key_value_get(coordination.STARTUP_EXIT, 10_000)
 
   def _exit(self, value: str) -> None:
     """The events and the one line, then the process ends (the main thread is in C++ and cannot unwind).

@@ -19,10 +19,10 @@ from typing import Any
 from etils import epath
 import jax
 from jax import numpy as jnp
-from jax._src import distributed
 from paxml import train_states
 
 from pax_autockpt import checkpointer as checkpointer_lib
+from pax_autockpt import coordination
 from pax_autockpt import events as events_lib
 from pax_autockpt import settings as settings_lib
 from pax_autockpt import signals
@@ -317,7 +317,7 @@ def as_hosts(monkeypatch, count, run, release=None):
   or the exception that escaped it, and the service. With `release` (an Event a stalled host waits on), every
   other host ends first, then it is set."""
   store = CoordinationStore(count)
-  monkeypatch.setattr(distributed.global_state, 'client', store)
+  monkeypatch.setattr(coordination, 'client', lambda: store)
   monkeypatch.setattr(jax, 'process_count', lambda: count)
   results = {}
 

@@ -99,7 +99,8 @@ def test_real_coordination_service_threads_as_hosts():
   step_done = threading.Barrier(3)  # the training step's collective: no host runs a step ahead
 
   def host(i, interval):
-    agree = agreement.PrimaryDecides(i, client=clients[i], process_count=3, interval=interval)
+    agree = agreement.PrimaryDecides(i, client=clients[i], process_count=3, interval=interval,
+                                     prefix=f'autockpt/decision{interval}/')  # each run its own keys
     answers[i, interval] = []
     for v in wants:
       answers[i, interval].append(agree(lambda v=v: v))
@@ -108,10 +109,8 @@ def test_real_coordination_service_threads_as_hosts():
   try:
     _all_at_once([c.connect for c in clients])  # each waits for the others
     for interval in (1, 2):
-      agreement._PREFIX = f'autockpt/decision{interval}/'  # pylint: disable=protected-access
       _all_at_once([lambda i=i, k=interval: host(i, k) for i in range(3)])
   finally:
-    agreement._PREFIX = 'autockpt/decision/'  # pylint: disable=protected-access
     _all_at_once([c.shutdown for c in clients])  # a barrier too
     service.shutdown()
   assert answers[0, 1] == answers[1, 1] == answers[2, 1] == wants

@@ -12,6 +12,7 @@ from praxis import py_utils
 import pytest
 
 import experiments.lm_cloud_autockpt  # registers the experiments  # pylint: disable=unused-import
+from pax_autockpt import coordination
 from pax_autockpt import executor as executor_lib
 from pax_autockpt.experiment import AutockptMixin
 
@@ -106,10 +107,9 @@ def test_continuous_experiments_settings(name, keep, min_interval):
 
 def test_several_processes_without_a_coordination_service_exit_2_at_validate(monkeypatch, capsys):
   """orbax's barriers and broadcasts would silently do nothing: hosts would commit unsynchronised."""
-  from jax._src import distributed  # pylint: disable=g-import-not-at-top
   exp = experiment_registry.get(PREFIX + 'LmCloudSpmdTinyAutockpt')()
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
-  monkeypatch.setattr(distributed.global_state, 'client', None)
+  monkeypatch.setattr(coordination, 'client', lambda: None)
   with pytest.raises(SystemExit) as e:
     exp._check_processes()  # pylint: disable=protected-access
   assert e.value.code == 2

@@ -8,10 +8,10 @@ import socket
 import threading
 import time
 
-from jax._src import distributed
 import pytest
 
 from pax_autockpt import buddy
+from pax_autockpt import coordination
 from pax_autockpt import layout
 from pax_autockpt import local_restore
 from pax_autockpt import peer_transfer
@@ -47,7 +47,7 @@ class _Service:
 @pytest.fixture
 def service(monkeypatch):
   found = _Service()
-  monkeypatch.setattr(distributed.global_state, 'client', found)
+  monkeypatch.setattr(coordination, 'client', lambda: found)
   return found
 
 
@@ -171,7 +171,7 @@ def test_a_donor_that_cannot_serve_sends_its_receiver_to_the_next_source_in_turn
 def _routes(monkeypatch, coordinator, routes):
   """own_address's view: the job's coordinator at `coordinator`, and a datagram to host `h` leaving from
   `routes[h]` (`routes['*']`: the default route; no entry: unreachable). No packet is sent either way."""
-  monkeypatch.setattr(distributed.global_state, 'coordinator_address', coordinator)
+  monkeypatch.setattr(coordination, 'coordinator_address', lambda: coordinator)
 
   class Probe:
 
@@ -210,6 +210,6 @@ def test_other_hosts_and_single_machine_jobs_keep_their_address(monkeypatch, cap
   assert local_restore.own_address() == '10.0.0.1'  # the interface toward the coordinator, not the default
   monkeypatch.undo()
   for coordinator in ('127.0.0.1:1234', 'localhost:1234', ''):  # `launch`: every host on this machine
-    monkeypatch.setattr(distributed.global_state, 'coordinator_address', coordinator)
+    monkeypatch.setattr(coordination, 'coordinator_address', lambda c=coordinator: c)
     assert local_restore.own_address() == '127.0.0.1'
   assert not _messages(caplog, 'no other machine')

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from pax_autockpt import coordination
 from pax_autockpt import events as events_lib
 from pax_autockpt import signals
 from pax_autockpt import startup_exit
@@ -75,7 +76,7 @@ def test_once_the_first_step_completed_a_signal_takes_the_ordinary_path(tmp_path
   hosts[0].first_step_done()
   hosts[1].first_step_done()
   signals._record(15, None)  # pylint: disable=protected-access
-  assert service.values[startup_exit.KEY] == 'trained' and codes == []
+  assert service.values[coordination.STARTUP_EXIT] == 'trained' and codes == []
 
 
 def test_nothing_claimed_where_a_save_is_needed(tmp_path, exits):
@@ -83,13 +84,13 @@ def test_nothing_claimed_where_a_save_is_needed(tmp_path, exits):
   service = _Service()
   _hosts(tmp_path, service, nothing_to_save=lambda: False)
   signals._record(15, None)  # pylint: disable=protected-access
-  assert startup_exit.KEY not in service.values and codes == []
+  assert coordination.STARTUP_EXIT not in service.values and codes == []
 
 
 def test_a_host_that_finishes_its_first_step_after_another_claimed_the_exit_ends_too(tmp_path, exits):
   codes, cond = exits
   service = _Service()
-  service.key_value_set(startup_exit.KEY, 'exit|SIGINT|1')  # host 1 got a Ctrl-C during the compile
+  service.key_value_set(coordination.STARTUP_EXIT, 'exit|SIGINT|1')  # host 1 got a Ctrl-C during the compile
   host = startup_exit.StartupExit(None, 0, events_lib.EventLog(tmp_path, 0), 143, 300.0, lambda: True, lambda: 400)
   host._client = service  # pylint: disable=protected-access  (no waiting thread: the main thread finds it)
   with pytest.raises(_Exited):
@@ -107,7 +108,7 @@ def test_the_waiting_thread_and_the_main_thread_finding_the_claim_end_the_proces
                                   lambda: 400)
   host._exiting.acquire()  # pylint: disable=protected-access  (the waiting thread is writing the events)
   main = threading.Thread(target=host.first_step_done, daemon=True)
-  service.key_value_set(startup_exit.KEY, 'exit|SIGTERM|1')
+  service.key_value_set(coordination.STARTUP_EXIT, 'exit|SIGTERM|1')
   main.start()
   main.join(1.0)
   assert main.is_alive() and events_lib.read(tmp_path) == []  # waits for the end; nothing written twice

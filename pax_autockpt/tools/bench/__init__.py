@@ -43,8 +43,9 @@ minutes per pass):
   python -m pax_autockpt.tools.bench --only goodputtrace_Tiny
 
 launchrestart (2 hosts under `launch --max_restarts`, forked from its standby process vs fresh interpreters: launch
--> first step, and kill -> first step after the restart) and restartcache_<size> (one host killed and started again at once: kill -> first step, the
-compilation cache on by default vs off vs stock paxml); see restarts.py; on demand.
+-> first step, and kill -> first step after the restart) and restartcache_<size> (one host killed and started
+again at once: kill -> first step, the compilation cache on by default vs off vs stock paxml); see restarts.py;
+on demand.
 """
 
 import argparse
