@@ -7,8 +7,8 @@ keep the save in flight, or give up), every host follows, the save commits withi
 first step exits with nothing to save, unless the restored state is a local step the job directory lacks:
 then it is saved first. Notices save (and, with `save_and_exit`, exit) the same way.
 
-The checkpointer owns the saves; this class owns the decisions around them and gets, from the checkpointer,
-only what it asks of it (the callables and objects its constructor takes).
+pax_autockpt.saves owns the job directory's saves; this class owns the decisions around them and asks that
+object for the saves it decides on, and for what committed.
 """
 
 import os
@@ -21,9 +21,7 @@ from typing import Any, Callable
 from absl import logging
 
 from pax_autockpt import agreement
-from pax_autockpt import background_save
 from pax_autockpt import coordination
-from pax_autockpt import costs as costs_lib
 from pax_autockpt import events as events_lib
 from pax_autockpt import grace
 from pax_autockpt import layout
@@ -31,6 +29,7 @@ from pax_autockpt import notices
 from pax_autockpt import outcomes
 from pax_autockpt import phases as phases_lib
 from pax_autockpt import preemption as preemption_lib
+from pax_autockpt import saves as saves_lib
 from pax_autockpt import signals
 
 
@@ -38,29 +37,23 @@ class ExitPath:
   """One host's exit decisions (see the module docstring)."""
 
   def __init__(self, *, events: events_lib.EventLog, preemption: preemption_lib.PreemptionWatcher,
-               background: background_save.BackgroundSaves, costs: costs_lib.SaveCosts, saving: bool,
-               exit_after_ondemand: bool, grace_secs: float, exit_code: int, notice_action: str,
-               save: Callable[..., None], step_dir: Callable[[int], Any], latest_step: Callable[[], int | None],
-               newest_committed: Callable[[], int | None], committed_this_run: list[int],
-               restored_step: Callable[[], int | None], last_step: Callable[[], int | None],
-               restorer: Any, phases: phases_lib.LoopPhases | None = None,
-               preserve: Callable[[], None] | None = None):
-    """`save(step, reason, state, last=, deadline=)` starts a save (the checkpointer's); `committed_this_run`
-    is the checkpointer's own list (appended to as saves commit); `restorer` tells whether the restored state
-    is a local step the job directory lacks (`unbacked_step`, `local_agreed_newest`); `phases`, where the loop's
-    main thread is (pax_autockpt.phases): the phase a signal found goes into the `preemption` event; `preserve`
-    (the primary host's, with a preservation policy): the policy's deletes, run once more before the exit."""
-    self._events, self._preemption, self._background, self._costs = events, preemption, background, costs
-    self._saving, self._exit_after_ondemand = saving, exit_after_ondemand
+               saves: saves_lib.JobDirectorySaves, exit_after_ondemand: bool, grace_secs: float, exit_code: int,
+               notice_action: str, restored_step: Callable[[], int | None], last_step: Callable[[], int | None],
+               restorer: Any, phases: phases_lib.LoopPhases | None = None):
+    """`saves`: the job directory's (it starts the exit's save, knows what committed this run, and, on the
+    primary host with a preservation policy, runs the policy's deletes once more before the exit); `restorer`
+    tells whether the restored state is a local step the job directory lacks (`unbacked_step`,
+    `local_agreed_newest`); `phases`, where the loop's main thread is (pax_autockpt.phases): the phase a signal
+    found goes into the `preemption` event."""
+    self._events, self._preemption, self._saves = events, preemption, saves
+    self._background, self._costs = saves.background, saves.costs
+    self._exit_after_ondemand = exit_after_ondemand
     self._grace_secs, self._exit_code, self._notice_action = grace_secs, exit_code, notice_action
-    self._save, self._step_dir = save, step_dir
-    self._latest_step, self._newest_committed = latest_step, newest_committed
-    self._committed_this_run, self._restored_step, self._last_step = committed_this_run, restored_step, last_step
+    self._restored_step, self._last_step = restored_step, last_step
     self._restorer = restorer
     self._watchdog = grace.Watchdog(self._out_of_time)
     self._exit_step: int | None = None  # the step whose commit the exit path waits for
     self._phases = phases or phases_lib.LoopPhases()
-    self._preserve = preserve
     self._found: phases_lib.Place | None = None  # where the signal found the main thread, on this host
     self._owner_lock = threading.Lock()
     self._owner: int | None = None  # the thread that took the exit (the main thread's, or pax_autockpt.rescue's)
@@ -130,7 +123,7 @@ class ExitPath:
                    'it there before exiting.', unbacked, layout.step_text(self._restorer.local_agreed_newest))
       self.on_preemption(step, state)
     deadline = self._deadline()
-    newest = self._exit_step = self._newest_committed()
+    newest = self._exit_step = self._saves.newest_committed()
     self._events.write('preemption', step=step, signal=self._preemption.signal_name, saved_step=newest,
                        plan='nothing_to_save', **self._signal_fields(deadline, phases_lib.START_UP))
     raise outcomes.Preempted(step, nothing_trained(newest),
@@ -165,7 +158,7 @@ class ExitPath:
         logging.info('[autockpt] Step %d: %s (%s).', step, _PLAN_WORDS[exit_plan.action], exit_plan.why)
     if exit_plan.action == grace.GIVE_UP:
       raise outcomes.SaveFailed(step, f'No time left to save step {step} ({exit_plan.why}); the newest committed '
-                                f'checkpoint is {layout.step_text(self._newest_committed())}')
+                                f'checkpoint is {layout.step_text(self._saves.newest_committed())}')
     if exit_plan.action == grace.SAVE:
       self._save_unless_committed(step, 'preemption', state, last=True, deadline=deadline)
     self._exit_once_committed(saved, deadline, agreed=step)
@@ -174,8 +167,8 @@ class ExitPath:
     """The primary host's plan, on every host (their saves in flight are of the same step)."""
     mine = None
     if self._events.host == 0:
-      latest = self._latest_step()
-      if deadline is None or not self._saving or (latest is not None and latest >= step):
+      latest = self._saves.latest_step()
+      if deadline is None or not self._saves.enabled or (latest is not None and latest >= step):
         mine = grace.ExitPlan(grace.SAVE, 'no grace period' if deadline is None else 'nothing new to save').encode()
       else:
         mine = grace.plan(grace.ExitContext(
@@ -191,7 +184,7 @@ class ExitPath:
     self._background.wait(grace.time_left(deadline))
     mine = None
     if self._events.host == 0:
-      committed = in_flight if in_flight is not None and layout.is_committed(self._step_dir(in_flight)) else None
+      committed = in_flight if in_flight is not None and layout.is_committed(self._saves.step_dir(in_flight)) else None
       mine = grace.replan(grace.ExitContext(remaining_s=deadline.remaining(), save_duration_s=self._costs.duration_s),
                           committed, self._costs.last_duration_s).encode()
     return grace.ExitPlan.decode(agreement.first_report(f'{coordination.EXIT_REPLAN}{step}', self._events.host, mine))
@@ -216,12 +209,12 @@ class ExitPath:
 
   def _save_unless_committed(self, step: int, reason: str, state: dict[str, Any], last: bool = False,
                              deadline: grace.Deadline | None = None) -> None:
-    if not self._saving:
+    if not self._saves.enabled:
       logging.warning('[autockpt] --enable_checkpoint_saving=false: no %s checkpoint written.', reason)
-    elif self._latest_step() is not None and self._latest_step() >= step:
+    elif self._saves.latest_step() is not None and self._saves.latest_step() >= step:
       logging.info('[autockpt] Step %d is already saved; nothing new to save.', step)
     else:
-      self._save(step, reason, state, last, deadline)
+      self._saves.save(step, reason, state, last, deadline)
 
   def _exit_once_committed(self, step: int, deadline: grace.Deadline | None = None,
                            agreed: int | None = None) -> None:
@@ -230,10 +223,10 @@ class ExitPath:
     self._exit_step = step
     finished = self._background.wait(grace.time_left(deadline))
     agreed = step if agreed is None else agreed
-    if self._saving and not layout.is_committed(self._step_dir(step)):
+    if self._saves.enabled and not layout.is_committed(self._saves.step_dir(step)):
       why = 'did not commit within the grace period' if not finished else 'failed to commit'
       raise outcomes.SaveFailed(agreed, f'On-demand checkpoint of step {step} {why}; the newest committed '
-                                f'checkpoint is {layout.step_text(self._newest_committed())}')
+                                f'checkpoint is {layout.step_text(self._saves.newest_committed())}')
     self._preserve_before_exit(deadline)
     what = (f'On-demand checkpoint of step {step} committed' if step == agreed else
             f'Checkpoint of step {step} committed (no time to save step {agreed} as well)')
@@ -243,10 +236,10 @@ class ExitPath:
     """The preservation policy once more, after the exit's commit: after the signal every commit skipped it, so
     the job directory the exit leaves would hold more than the policy allows. Bounded by the grace period (else
     PRESERVE_SECS): when it does not finish, one line says so and the next run's first commit does it."""
-    if self._preserve is None:
+    if not self._saves.applies_preservation:
       return
     left = grace.time_left(deadline)
-    worker = threading.Thread(target=self._preserve, name='autockpt-exit-preservation', daemon=True)
+    worker = threading.Thread(target=self._saves.preserve, name='autockpt-exit-preservation', daemon=True)
     worker.start()
     worker.join(PRESERVE_SECS if left is None else left)
     if worker.is_alive():
@@ -259,7 +252,7 @@ class ExitPath:
     or a teardown that hangs): one line and exit now, 143 if the step the exit waited for is committed.
     The line and the event get half the lead time (storage may be what hangs), then the process ends."""
     restored = self._restored_step() if self._restorer.unbacked_step is None else None  # a local step is not
-    known = [s for s in (*self._committed_this_run, restored) if s is not None]  # no storage call
+    known = [s for s in (*self._saves.committed_this_run, restored) if s is not None]  # no storage call
     code = self._exit_code if self._exit_step is not None and self._exit_step in known else 1
     message = (f'[autockpt] The grace period of {deadline.grace_secs:g} s ends in {grace.WATCHDOG_LEAD_SECS:g} s: '
                f'exiting {code} now; the newest committed checkpoint is {max(known, default=None)}'

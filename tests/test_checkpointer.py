@@ -144,7 +144,7 @@ def test_a_checkpoint_without_a_time_counts_as_saved_now(job, monkeypatch):
   fakes.write_checkpoint(layout.step_dir(layout.checkpoint_dir(job), 10))
   ckpt, _ = fakes.wrap(job)
   monkeypatch.setattr(type(layout.checkpoint_dir(job)), 'stat', lambda self: mock.Mock(mtime=0))
-  assert abs(ckpt._info(10).time.timestamp() - time.time()) < 5  # pylint: disable=protected-access
+  assert abs(ckpt._saves.info(10).time.timestamp() - time.time()) < 5  # pylint: disable=protected-access
 
 
 def test_keep_latest_deletes_older_with_events_and_replaces_max_to_keep(job):
@@ -230,7 +230,7 @@ def test_continuous_starts_a_save_only_after_the_previous_committed(job):
   """continuous=True, one process: a save at every call once the previous one committed, none while
   one is in flight."""
   ckpt, fake = fakes.wrap(job, settings_lib.Settings(continuous=True), interval=1000)
-  assert not ckpt._agree.needed  # pylint: disable=protected-access
+  assert not ckpt._saves._agree.needed  # pylint: disable=protected-access
   fake.orbax.gate.clear()
   ckpt.save_if_needed(1, STATE)
   ckpt.save_if_needed(2, STATE)  # 1 in flight: no save
@@ -413,7 +413,7 @@ def test_adaptive_interval_is_young_daly_for_the_cost_measured_so_far(job, caplo
   now = time.time()
   earlier_run(job, [(10, 200.0, 0.4, 1.0), (20, 45.0, 0.6, 2.0)], now)
   ckpt, fake = fakes.wrap(job, settings_lib.Settings(mtbf_hours=1.0), interval=1000)
-  assert ckpt._adaptive_interval() == pytest.approx(60.0)  # pylint: disable=protected-access
+  assert ckpt._saves.adaptive_interval() == pytest.approx(60.0)  # pylint: disable=protected-access
   ckpt.save_if_needed(21, STATE)  # 45 s after the last save started: too early
   assert fake.orbax.attempts == []
   with mock.patch.object(time, 'time', return_value=now + 15.1):
@@ -425,7 +425,7 @@ def test_adaptive_interval_is_young_daly_for_the_cost_measured_so_far(job, caplo
   lines = [r.getMessage() for r in caplog.records if 'adaptive save interval' in r.getMessage()]
   # At start, from the earlier run; then the fast save (~1 ms) brought the mean cost from 0.5 to ~0.33 s.
   assert len(lines) == 2 and 'MTBF of 1 h' in lines[0] and 'was 60.000 s' in lines[1], lines
-  assert ckpt._adaptive_interval() == pytest.approx(49.0, rel=0.01)  # pylint: disable=protected-access
+  assert ckpt._saves.adaptive_interval() == pytest.approx(49.0, rel=0.01)  # pylint: disable=protected-access
 
 
 def test_adaptive_interval_change_over_10_percent_is_logged_again(job, caplog):
@@ -494,7 +494,7 @@ def test_a_damaged_name_that_cannot_be_moved_aside_fails_the_save_and_stays(job,
   ckpt.save_if_needed(10, STATE)
   ckpt.wait_until_finished()
   damaged = fakes.write_checkpoint(layout.step_dir(layout.checkpoint_dir(job), 13).with_name('x'))
-  ckpt._unrestorable.add(13)  # pylint: disable=protected-access  (as marked_unrestorable_steps finds it)
+  ckpt._saves._unrestorable.add(13)  # pylint: disable=protected-access  (as marked_unrestorable_steps finds it)
   fakes.preempt()
   with mock.patch.object(layout, 'move_aside', side_effect=OSError('HTTP 403 injected')) as move:
     with pytest.raises(outcomes.SaveFailed) as stop:
