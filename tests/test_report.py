@@ -8,6 +8,7 @@ import os
 import pytest
 
 from pax_autockpt.tools import report
+from pax_autockpt.tools.report import json_report
 
 T0 = 1_700_000_000.0
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
@@ -300,7 +301,7 @@ def test_json_round_trips(tmp_path):
   assert report.run(d, mtbf_hours=24, as_json=True, out=out) == 0
   data = json.loads(out.getvalue())
   r = report.load(d)
-  assert data == r.to_dict(mtbf_hours=24)
+  assert data == json_report.as_dict(r, mtbf_hours=24)
   assert data['restarts'] == 1
   assert data['starts_per_host'] == {'0': 2, '1': 2}
   assert data['saves_started'] == r.saves_started
@@ -407,7 +408,7 @@ def test_notices_lead_time_and_steps_after_in_text_json_and_plot(tmp_path):
   assert (n.step, n.source, n.committed, n.lead_s, n.steps_after) == (300, 'maintenance-event', True, 42.0, 220)
   assert 'notices: 1 (maintenance-event=TERMINATE_ON_HOST_MAINTENANCE -> step 300 saved, SIGTERM 42.0 s later ' \
          'after 220 more steps)' in report.format_text(r)
-  assert json.loads(json.dumps(r.to_dict()))['notices'][0]['lead_s'] == 42.0
+  assert json.loads(json.dumps(json_report.as_dict(r)))['notices'][0]['lead_s'] == 42.0
   report.plot(r, str(tmp_path / 'p.png'))
   assert (tmp_path / 'p.png').read_bytes()[:8] == PNG_MAGIC
 def test_adaptive_interval_against_the_young_daly_optimum_afterwards(tmp_path):
@@ -566,7 +567,7 @@ def test_local_tier_duration_weighs_each_summary_by_its_commits(tmp_path):
   r = report.load(job.write())
   assert r.local.saves_committed == 61 and r.local.duration_s.n == 61
   assert r.local.duration_s.p50 == pytest.approx(0.03) and r.local.duration_s.max == pytest.approx(0.10)
-  assert 'points' not in r.to_dict()['local']
+  assert 'points' not in json_report.as_dict(r)['local']
 
 
 def test_local_tier_count_is_a_lower_bound_after_a_kill(tmp_path):

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from pax_autockpt.tools import report
+from pax_autockpt.tools.report import json_report
 from pax_autockpt.tools.report import measured
 from tests import test_report
 
@@ -99,7 +100,7 @@ def test_restart_phases_add_up_to_each_restart_s_downtime_up_to_its_first_step(t
   assert ('restart phases (median of 2 restarts): scheduler 1.2 s, imports 3.8 s, distributed init 0.5 s, set-up '
           '0.75 s, restore 5.0 s, to the first step 2.8 s (compile 2.2 s); 14.1 s in all, from the previous run\'s '
           'last event') in lines
-  got = json.loads(json.dumps(r.to_dict()))
+  got = json.loads(json.dumps(json_report.as_dict(r)))
   assert got['restart_details'][1]['phases']['scheduler_s'] == pytest.approx(1.5)
   assert got['restart_phases']['total_s'] == pytest.approx(14.1)
 
@@ -156,7 +157,7 @@ def test_a_job_that_just_started_says_not_enough_yet(tmp_path):
   assert (m.wall_s, m.goodput, m.seconds) == (None, None, {})
   assert ("goodput (measured): not enough events yet: it needs a run's start and a later event"
           in report.format_text(r).splitlines())
-  assert json.loads(json.dumps(r.to_dict()))['goodput_measured']['wall_s'] is None
+  assert json.loads(json.dumps(json_report.as_dict(r)))['goodput_measured']['wall_s'] is None
 
 
 def test_a_running_job_without_a_step_time_says_at_least_and_why(tmp_path):

@@ -54,6 +54,7 @@ import sys
 from typing import TextIO
 
 from pax_autockpt.tools import report_legend
+from pax_autockpt.tools.report import json_report
 from pax_autockpt.tools.report import loader
 from pax_autockpt.tools.report import model
 from pax_autockpt.tools.report import text
@@ -95,7 +96,7 @@ def run(job_log_dir: str, *, mtbf_hours: float | None = None, plot_path: str | N
     _error(e)
     return 2
   if as_json:
-    out.write(json.dumps(report.to_dict(mtbf_hours), indent=2, sort_keys=True, allow_nan=False)
+    out.write(json.dumps(json_report.as_dict(report, mtbf_hours), indent=2, sort_keys=True, allow_nan=False)
               + '\n')
   else:
     out.write(text.format_text(report, mtbf_hours) + '\n')

@@ -4,8 +4,7 @@ figures, and `to_dict` is all the JSON output needs."""
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any, Iterable
+from typing import Iterable
 
 from pax_autockpt.tools.report import values
 
@@ -196,30 +195,3 @@ class Report:
   adaptive_interval_s: float | None = None   # the Young/Daly interval at the last continuous save
   adaptive_mtbf_hours: float | None = None   # the MTBF it was computed for (--autockpt_mtbf_hours)
   restart_phases: dict[str, float | None] | None = None  # per RestartPhases field, its median over the restarts
-
-  def to_dict(self, mtbf_hours: float | None = None) -> dict[str, Any]:
-    """JSON-native: string keys, lists, finite floats; `json.loads(json.dumps(d)) == d`."""
-    # young_daly imports this module for ReportError, so it cannot be imported at the top.
-    from pax_autockpt.tools.report import measured  # pylint: disable=g-import-not-at-top
-    from pax_autockpt.tools.report import young_daly  # pylint: disable=g-import-not-at-top
-    d = dataclasses.asdict(self)
-    for r in d['runs']:
-      r.pop('points', None)
-    if d['local'] is not None:
-      d['local'].pop('points', None)
-    if mtbf_hours is not None:
-      d['goodput'] = young_daly.goodput(self, mtbf_hours)
-    d['adaptive'] = young_daly.adaptive(self)
-    d['goodput_measured'] = measured.measure(self).to_dict()
-    return _jsonable(d)
-
-
-def _jsonable(x: Any) -> Any:
-  """Host numbers as string keys and non-finite floats as null, as JSON can hold them."""
-  if isinstance(x, dict):
-    return {str(k): _jsonable(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)):
-    return [_jsonable(v) for v in x]
-  if isinstance(x, float) and not math.isfinite(x):
-    return None
-  return x
