@@ -337,9 +337,11 @@ def test_restore_decisions_agreed_across_hosts_and_verified_on_another_topology(
   assert back.wait(180) == 130, back.log()[-3000:]
   assert _assert_all_preempted_at_same_step(job_dir, 2, restored=again, code=130, signal_name='SIGINT') == again
   assert back.log().count('[launch] forwarding SIGINT to every host') == 1
-  for host in (0, 1):
-    log = process.text_of(os.fspath(layout.host_log_path(job_dir, host)), seen[host])
-    assert log.count(CTRL_C_LINE) == 1 and 'second Ctrl-C' not in log, f'host {host}: {log.count(CTRL_C_LINE)}'
+  logs = [process.text_of(os.fspath(layout.host_log_path(job_dir, host)), seen[host]) for host in (0, 1)]
+  # Each host got it once (never a second Ctrl-C's abort); one may exit on the other's word before its own line
+  # is printed (seen once: host 0, its main thread compiling, learned it from host 1 first).
+  counts = [log.count(CTRL_C_LINE) for log in logs]
+  assert max(counts) == 1 and not any('second Ctrl-C' in log for log in logs), counts
   starts = [_run_events(job_dir, h)[0] for h in (0, 1)]
   assert [s['restored_step'] for s in starts] == [again, again] and [s['shards_unchecked'] for s in starts] == [0, 0]
   assert all(s['shards_checked'] > 0 for s in starts), starts
