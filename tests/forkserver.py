@@ -31,6 +31,7 @@ import time
 import traceback
 
 from pax_autockpt import standby
+from pax_autockpt.tools import launcher
 from pax_autockpt.tools import process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -116,26 +117,17 @@ def _kill_session(pid: int) -> None:
     pass
 
 
-class ForkedProcess:
-  """What the tests use of `subprocess.Popen`, for a child of the fork server."""
+class ForkedProcess(launcher._Forked):  # pylint: disable=protected-access
+  """What the tests use of `subprocess.Popen`, for a child of the fork server (the launcher's view of a host its
+  standby forked, with `wait` and `kill`; its output goes to files, not a pipe)."""
 
   def __init__(self, server: 'ForkServer', pid: int):
+    super().__init__(server, pid, stdout=None)
     self._server = server
-    self.pid = pid
-    self.returncode = None
-
-  def poll(self) -> int | None:
-    if self.returncode is None:
-      self.returncode = self._server.exit_code(self.pid)
-    return self.returncode
 
   def wait(self, timeout: float | None = None) -> int:
     self.returncode = self._server.exit_code(self.pid, wait=True, timeout=timeout)
     return self.returncode
-
-  def send_signal(self, signum: int) -> None:
-    if self.poll() is None:
-      os.kill(self.pid, signum)
 
   def kill(self) -> None:
     self.send_signal(signal.SIGKILL)

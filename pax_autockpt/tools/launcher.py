@@ -135,6 +135,8 @@ def _say(line: str) -> None:
   with _CONSOLE:
     sys.stdout.write(line + '\n')
     sys.stdout.flush()
+
+
 _STANDBY_READY_SECS = 120.0  # a standby still importing after this long is replaced by fresh interpreters
 
 
@@ -216,7 +218,7 @@ class _Standby:
       if message == standby_lib.READY:
         self.ready.set()
         _say(f'[launch] standby process ready ({time.time() - self.started:.1f} s of imports, once): every host '
-                'is forked from it')
+             'is forked from it')
       elif 'pid' in message:
         self._pids.put(message['pid'])
       else:
@@ -229,7 +231,7 @@ class _Standby:
     while not self.ready.wait(0.1) and not self._gone and time.time() < self.started + _STANDBY_READY_SECS:
       if stopped is not None and stopped.name:
         return False
-    return self.ready.is_set() and not self._gone
+    return self.usable()
 
   def usable(self) -> bool:
     return self.ready.is_set() and not self._gone
@@ -335,7 +337,7 @@ def _run_once(cfg: LaunchConfig, job_log_dir: str, restarts: int, standby: _Stan
   reads: this start's hosts, as each starts."""
   port = cfg.port or hosts.free_loopback_port()
   _say(f'[launch] {cfg.num_hosts} hosts in {cfg.num_slices} slice(s), coordinator 127.0.0.1:{port}, '
-        f'logs {layout.host_log_path(job_log_dir, 0).parent}/host<i>.log')
+       f'logs {layout.host_log_path(job_log_dir, 0).parent}/host<i>.log')
   children.clear()
   stopped.reached = 0
   if not _start_hosts(cfg, port, job_log_dir, standby, stopped, children):
@@ -403,7 +405,7 @@ def _wait(children: list[_Host], peer_exit_secs: float, clean: tuple[int, ...]) 
     if failed and deadline is None:
       deadline, first_failed = time.time() + peer_exit_secs, failed[0].idx
       _say(f'[launch] host {failed[0].idx} failed ({_exit_code(failed[0].proc.returncode)}); '
-            f'others get {peer_exit_secs:.0f} s to exit')
+             f'others get {peer_exit_secs:.0f} s to exit')
     if deadline is not None and time.time() > deadline:
       for child in children:
         if child.proc.poll() is None:

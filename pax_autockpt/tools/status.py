@@ -113,7 +113,7 @@ def wait_for_checkpoint(job_log_dir: str, step: int, timeout_secs: float, poll_s
                         pid: int | None = None) -> str | None:
   """Returns once a checkpoint of `step` or later is committed (None), or why it will not be: the run ended,
   process `pid` is gone, or the timeout."""
-  return _wait(job_log_dir, step, 'checkpoint of step', lambda: _newest_and_events(job_log_dir)[0], timeout_secs,
+  return _wait(job_log_dir, step, 'checkpoint of step', lambda: _newest_checkpoint(job_log_dir), timeout_secs,
                poll_secs, pid)
 
 
@@ -152,10 +152,11 @@ def _wait(job_log_dir: str, step: int, noun: str, newest_step, timeout_secs: flo
     time.sleep(poll_secs)
 
 
-def _newest_and_events(job_log_dir: str) -> tuple[int | None, list[dict]]:
+def _newest_checkpoint(job_log_dir: str) -> int | None:
+  """The job directory's newest committed checkpoint (None: none, or no job directory yet)."""
   if not epath.Path(job_log_dir).exists():
-    return None, []
-  return layout.newest_committed(layout.checkpoint_dir(job_log_dir)), events_lib.read(job_log_dir, 0)
+    return None
+  return layout.newest_committed(layout.checkpoint_dir(job_log_dir))
 
 
 def running(pid: int) -> bool:
