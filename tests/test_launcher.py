@@ -101,9 +101,9 @@ def test_a_stop_while_the_standby_imports_starts_no_host_and_exits_with_the_sign
   monkeypatch.setattr(launcher, '_Standby', functools.partial(launcher._Standby, argv=never_ready))
   threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
   job = tmp_path / 'job'
-  began = time.time()
+  # Without the stop, the never-ready standby would be waited for 120 s and then fresh hosts started: their
+  # logs would be in the directory and their exit (2: no such experiment) the launcher's.
   assert launcher.launch(launcher.LaunchConfig(num_hosts=2, args=('--exp=x', f'--job_log_dir={job}'))) == 143
-  assert time.time() - began < 10
   out = capsys.readouterr().out
   assert out.splitlines()[-1] == '[launch] SIGTERM before any host started: nothing to save; exit 143', out
   assert sorted(os.listdir(job / 'autockpt')) == ['standby.log']
