@@ -49,7 +49,7 @@ class PrimaryDecides:
     """`client` and `process_count` default to jax.distributed's; given, they let a simulation run many
     hosts' decisions in one process (pax_autockpt.tools.decision_sim). `interval` defaults to
     `decision_interval(process_count)`: the same on every host. Each question asked every iteration
-    (the bucket's save, the local tier's) has its own `prefix`."""
+    (the job directory's save, the local tier's) has its own `prefix`."""
     self._prefix = prefix
     self._client = coordination.client() if client is None else client
     self._count = process_count

@@ -11,30 +11,28 @@ collectives (they would interleave with the training step's); `internals` routes
 broadcasts through jax.distributed's coordination service.
 
 The training input's position (Pax's `train_input` item, with `enable_input_checkpointing`) is part of
-the same snapshot: its `get_state()` runs here, on the training thread, so the position saved with a step
-is that step's; passed by reference, the background thread would read it after the loop drew more
-batches, and a resumed run would skip them.
+the same snapshot: its `get_state()` runs here (pax_autockpt.input_position), on the training thread, so the
+position saved with a step is that step's; passed by reference, the background thread would read it after the
+loop drew more batches, and a resumed run would skip them.
 """
 
 from concurrent import futures
 import contextlib
 import dataclasses
-import os
-import sys
 import threading
 import time
 from typing import Any, Callable
 
-from absl import logging
 from etils import epath
 import jax
 import numpy as np
 from orbax.checkpoint import type_handlers
 
+from pax_autockpt import input_position
 from pax_autockpt import internals
 from pax_autockpt import layout
+from pax_autockpt import priority
 
-INPUT_ITEM = 'train_input'  # paxml's checkpoint_paths.INPUT_ITEM_NAME
 
 @dataclasses.dataclass(frozen=True)
 class HostShard:
@@ -96,41 +94,12 @@ def to_host(tree: Any, copy: bool = True) -> Any:
   return jax.tree_util.tree_map(host, tree)
 
 
-class InputSnapshot:
-  """A training input's position at the captured step: the bytes of its `get_state()`, written by
-  the background save where Pax's BaseInput.save would write them."""
-
-  def __init__(self, state: bytes):
-    self.state = state
-
-  def save(self, checkpoint_path: epath.PathLike) -> None:
-    epath.Path(checkpoint_path).write_bytes(self.state)
-
-
-_by_reference_warned: set[str] = set()
-
-
-def input_snapshot(pipeline: Any) -> Any:
-  """The pipeline's position now (an InputSnapshot). An input that implements only save()/restore(),
-  not get_state(), stays by reference: its position is saved late, so a resumed run may skip batches
-  (Pax's own caveat for such inputs); one warning says so."""
-  try:
-    return InputSnapshot(pipeline.get_state())
-  except NotImplementedError:
-    name = type(pipeline).__name__
-    if name not in _by_reference_warned:
-      _by_reference_warned.add(name)
-      logging.warning('[autockpt] %s implements no get_state(): its position is saved when the background '
-                      'save writes it, after later batches; a resumed run may skip them.', name)
-    return pipeline
-
-
 def snapshot(items: dict[str, Any], copy: bool) -> dict[str, Any]:
   """Pax's items for one save, as of now: the state's shards in host memory, the input's position."""
   def one(name, item):
     if name == 'state':
       return to_host(item, copy=copy)
-    return input_snapshot(item) if name == INPUT_ITEM else item
+    return input_position.input_snapshot(item) if name == input_position.INPUT_ITEM else item
   return {name: one(name, item) for name, item in items.items()}
 
 
@@ -140,27 +109,6 @@ def _register_with_orbax() -> None:
   handler = type_handlers.get_type_handler(jax.Array)
   type_handlers.register_type_handler(jax.Array, handler, func=lambda t: issubclass(t, (jax.Array, HostArray)),
                                       override=True)
-
-
-def lower_priority(nice: int) -> None:
-  """The calling thread, and the threads it starts (they inherit it), at Linux nice `nice`: a routine
-  save then takes the CPU time the training step leaves rather than half of it (two runnable threads
-  share a core equally at the same nice; at 19 the save gets ~1.5% of a contended core). Linux only,
-  where the value is per thread (elsewhere it would be the whole process's); an unprivileged thread can
-  raise its nice value but never lower it again, so only a thread of its own is lowered."""
-  if nice <= 0 or not sys.platform.startswith('linux'):
-    return
-  try:
-    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-  except OSError as e:
-    logging.warning('[autockpt] could not lower the save thread\'s priority: %s', e)
-
-
-def thread_nice() -> int | None:
-  """The calling thread's Linux nice value (None elsewhere), for the `save_started` event."""
-  if not sys.platform.startswith('linux'):
-    return None
-  return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
 
 Started = Callable[[int], None]
@@ -183,11 +131,11 @@ class BackgroundSaves:
     self._before_commit = before_commit
     self.last_save = False  # set by the checkpointer for a save after which no step runs: no copy
     self.uncompressed = False  # set by the checkpointer: the next save writes its array chunks raw
-    self.nice = 0  # set by the checkpointer: the Linux nice value of the next save's thread (lower_priority)
+    self.nice = 0  # set by the checkpointer: the Linux nice value of the next save's thread (priority.lower_priority)
     self.captured_bytes = 0  # the array bytes this host writes in the newest captured save
     internals.write_before_commit(orbax_manager, self._write_before_commit)  # also: all writes settle together
     internals.use_coordination_service_for_orbax_sync()
-    internals.input_handler_without_collectives(orbax_manager, INPUT_ITEM)
+    internals.input_handler_without_collectives(orbax_manager, input_position.INPUT_ITEM)
 
   def _write_before_commit(self, directory: epath.Path) -> futures.Future | None:
     """Runs `before_commit` in a thread of its own, beside orbax's array writes (a daemon thread: a
@@ -236,7 +184,7 @@ class BackgroundSaves:
   def _finish(self, step: int, kwargs: dict[str, Any], uncompressed: bool, nice: int, started: Started,
               done: Done) -> None:
     error = None
-    lower_priority(nice)
+    priority.lower_priority(nice)
     try:
       started(step)
       self._saving = (step, kwargs['items'])

@@ -9,18 +9,14 @@ from absl import logging
 from etils import epath
 import jax
 
-from pax_autockpt import buddy
 from pax_autockpt import coordination
 from pax_autockpt import events as events_lib
 from pax_autockpt import exit_path
+from pax_autockpt import hosts as hosts_lib
 from pax_autockpt import internals
 from pax_autockpt import layout
-from pax_autockpt import lineage as lineage_lib
-from pax_autockpt import local_restore
-from pax_autockpt import local_saves
 from pax_autockpt import metrics as metrics_lib
 from pax_autockpt import notices
-from pax_autockpt import outcomes
 from pax_autockpt import phases as phases_lib
 from pax_autockpt import preemption
 from pax_autockpt import rescue as rescue_lib
@@ -29,7 +25,12 @@ from pax_autockpt import saves as saves_lib
 from pax_autockpt import settings as settings_lib
 from pax_autockpt import signals
 from pax_autockpt import startup_exit
+from pax_autockpt import stops
 from pax_autockpt import summaries as summaries_lib
+from pax_autockpt.local import buddy
+from pax_autockpt.local import lineage as lineage_lib
+from pax_autockpt.local import restoring
+from pax_autockpt.local import saving
 
 
 class AutockptCheckpointer:
@@ -37,7 +38,7 @@ class AutockptCheckpointer:
 
   The paxml loop calls `save_if_needed(step)` once per iteration, before the step runs. Here that call asks
   the preemption watcher first (every host, every iteration), saves on preemption at the agreed step even off
-  the save interval, waits until the save is committed and raises `outcomes.Preempted` (or `SaveFailed`) for
+  the save interval, waits until the save is committed and raises `stops.Preempted` (or `SaveFailed`) for
   the executor to exit. Otherwise the save-decision policy (Pax's own interval by default) decides, and after
   each commit the primary host applies the preservation policy (pax_autockpt.saves). After a signal,
   pax_autockpt.exit_path decides inside the grace period (a signal before the first step exits at once, the
@@ -49,7 +50,7 @@ class AutockptCheckpointer:
   def __init__(self, inner: Any, *, settings: settings_lib.Settings, events: events_lib.EventLog,
                exit_after_ondemand_checkpoint: bool, enable_summaries: bool = True,
                metrics: metrics_lib.StepMetrics | None = None, slices: int = 1,
-               end: Callable[[outcomes.StopTraining], None] | None = None):
+               end: Callable[[stops.StopTraining], None] | None = None):
     """`end(stop)`: how the process ends when the exit was taken outside the main thread (pax_autockpt.rescue);
     without it (tests) there is no rescue."""
     self._inner = inner
@@ -93,7 +94,7 @@ class AutockptCheckpointer:
     self._startup = self._exits_outside_the_loop(settings, exit_after_ondemand_checkpoint, end)
 
   def _exits_outside_the_loop(self, settings: settings_lib.Settings, exit_after_ondemand: bool,
-                              end: Callable[[outcomes.StopTraining], None] | None
+                              end: Callable[[stops.StopTraining], None] | None
                               ) -> startup_exit.StartupExit | None:
     """The exits a signal may take away from the loop's agreement points: pax_autockpt.rescue's (one host, a
     main thread held elsewhere) and pax_autockpt.startup_exit's (before the first step); returns the latter."""
@@ -120,7 +121,7 @@ class AutockptCheckpointer:
 
   @property
   def save_in_flight(self) -> bool:
-    """A bucket or local save still writing from a background thread."""
+    """A job directory or local save still writing from a background thread."""
     return self._saves.background.in_flight or (self._local is not None and self._local.in_flight)
 
   @property
@@ -142,10 +143,10 @@ class AutockptCheckpointer:
       self.restore_s = time.monotonic() - began
     if self._lineage is not None:
       step = self._inner.step_to_restore
-      if self._restorer.restored_from == 'local':
+      if self._restorer.restored_from == events_lib.LOCAL:
         self._lineage.restored(step, self._restorer.local_lineage)
         self._local.restored(step)
-      elif self._restorer.restored_from == 'bucket':
+      elif self._restorer.restored_from == events_lib.JOB_DIR:
         self._lineage.restored(step, save=self._commit_ids.get(step, (None,))[-1])  # the save its commit event names
       else:
         self._lineage.restored(None)
@@ -170,7 +171,8 @@ class AutockptCheckpointer:
 
   @property
   def restored_from(self) -> str | None:
-    """'bucket' (the job directory), 'local' (the local tier), or None (a fresh start)."""
+    """'job_dir' (the job directory), 'local' (the local tier), or None (a fresh start): the `start` event's
+    `restored_from` (pax_autockpt.events.JOB_DIR, LOCAL)."""
     return self._restorer.restored_from
 
   # --- Pax's loop ------------------------------------------------------------------------------
@@ -241,7 +243,7 @@ class AutockptCheckpointer:
       self._saves.save(step_i, 'final', state)
 
   def _local_tier(self, settings: settings_lib.Settings, events: events_lib.EventLog,
-                  slices: int) -> tuple[str, local_restore.LocalRestore]:
+                  slices: int) -> tuple[str, restoring.LocalRestore]:
     """The local tier's saves (with buddy copies where asked for and there is another host) and restore;
     returns the job's identity and the restore."""
     folder = layout.local_dir(settings.local_dir, events.host)
@@ -251,13 +253,14 @@ class AutockptCheckpointer:
     if settings.local_buddy and hosts > 1:
       copies = buddy.BuddyCopies(folder, host=events.host, hosts=hosts, slices=slices,
                                  mb_per_sec=settings.local_buddy_mb_per_sec, nice=settings.background_nice,
-                                 address=local_restore.own_address(), port=settings.local_peer_port)
+                                 address=hosts_lib.own_address(coordination.coordinator_address()),
+                                 port=settings.local_peer_port)
     elif settings.local_buddy:
       logging.warning('[autockpt] buddy copies: one host, no other disk to keep a copy on; none made.')
-    self._local = local_saves.LocalSaves(folder, min_interval_secs=settings.local_min_interval_secs,
-                                         keep=settings.local_keep, events=events, lineage=self._lineage,
-                                         on_commit=copies and copies.committed)
-    return job, local_restore.LocalRestore(folder, host=events.host, hosts=hosts, peer_port=settings.local_peer_port)
+    self._local = saving.LocalSaves(folder, min_interval_secs=settings.local_min_interval_secs,
+                                    keep=settings.local_keep, events=events, lineage=self._lineage,
+                                    on_commit=copies and copies.committed)
+    return job, restoring.LocalRestore(folder, host=events.host, hosts=hosts, peer_port=settings.local_peer_port)
 
   def wait_until_finished(self):
     self._saves.background.wait()

@@ -7,9 +7,9 @@ dependency, and the workarounds jaxlib 0.4.26 needs, in one file, and gives one 
 job keeps in host 0's memory (a key is set once: a second set fails with ALREADY_EXISTS; nothing expires).
 
 Every key family (name: prefix — written by; read by; deleted):
-  SAVE_DECISIONS         autockpt/decision/<n>            host 0 (agreement.PrimaryDecides, the bucket's save);
+  SAVE_DECISIONS         autockpt/decision/<n>            host 0 (agreement.PrimaryDecides, the job directory's save);
                                                           every other host; by host 0 at exchange n + 2
-  LOCAL_SAVE_DECISIONS   autockpt/local-decision/<n>      the same for the local tier's save (local_saves)
+  LOCAL_SAVE_DECISIONS   autockpt/local-decision/<n>      the same for the local tier's save (local.saving)
   NOTICES                autockpt/notice/<generation>     the host that saw a notice, or `stop` at the exit
                          (+ /step/<host>, /barrier)       (notices.NoticeAgreement); every host's listener; never
   STARTUP_EXIT           autockpt/startup-exit            the first host to claim it, `exit` or `trained`
@@ -19,19 +19,19 @@ Every key family (name: prefix — written by; read by; deleted):
   ORBAX_SYNC             autockpt/orbax/<kind>/<name>/<n> orbax's barriers and broadcasts (internals): process 0
                                                           the broadcast's value, the others read it; never
   BUDDY_ADDRESSES        autockpt/buddy/<host>            each host its server's address and secret, or its
-                                                          error (buddy); its keeper; never
+                                                          error (local.buddy); its keeper; never
   LOCAL_INPUT_POSITIONS  autockpt/local/<step>/<host>     each host its input position at a local save
-                                                          (local_saves); every host, before the commit; by
+                                                          (local.saving); every host, before the commit; by
                                                           each host, its own, once two newer steps were saved
   LOCAL_RESTORE          autockpt/local-restore/          plan/<n> and fill/<plan>/<step>/done: reports (below);
                                                           fill/<plan>/<step>/<donor>/<buddy>/peer: a donor's
-                                                          address and secret (local_restore), read by the
+                                                          address and secret (local.restoring), read by the
                                                           hosts it serves, deleted by the donor after the fill
   SIGNAL_BEFORE_TRAINING autockpt/signal-before-training  reports (preemption, at the loop's first iteration)
   FREE_NAME              autockpt/free-name/<step>/<try>  reports (checkpointer: a damaged step moved aside)
   RESTORE                autockpt/restore/<attempt>/<step>/<tries>/<phase>  reports (restore's checks)
   SET_ASIDE              autockpt/set-aside/<step>        reports (restore: a damaged checkpoint set aside)
-  LINEAGE_IDS            autockpt/lineage/ids             reports (lineage: the job's and the run's ids)
+  LINEAGE_IDS            autockpt/lineage/ids             reports (local.lineage: the job's and the run's ids)
   EXIT_PLAN, EXIT_REPLAN autockpt/exit-plan/<step>, autockpt/exit-replan/<step>  reports (exit_path)
 
 Reports (agreement.reports, each key used once): <key>/host/<host> every host's finding, <key>/outcome the

@@ -4,6 +4,9 @@ delta is the mean loop-blocking time (`save_started.blocking_s`) of the saves a 
 force, the figure `pax-autockpt report` uses for goodput; the mean time from a save's start to its
 commit bounds the interval from below. Both include this host's earlier runs of the job (its event
 log), and are re-estimated each time a save commits.
+
+The rule for delta lives here only: `pax-autockpt report` computes its goodput delta with `SaveCosts` too,
+so the report and the interval training chose agree by construction.
 """
 
 import dataclasses
@@ -35,12 +38,18 @@ class SaveCosts:
     self.last_duration_s: float | None = None  # the newest save's start -> commit
 
   def add(self, reason: str, blocking_s: float | None, duration_s: float | None) -> None:
+    self.add_blocking(reason, blocking_s)
     with self._lock:
-      if reason != 'preemption' and blocking_s is not None:
-        self._blocking.add(blocking_s)
       if duration_s is not None:
         self._duration.add(duration_s)
         self.last_duration_s = duration_s
+
+  def add_blocking(self, reason: str | None, blocking_s: float | None) -> None:
+    """One save's share of delta: none for a save a preemption forced (it is not the interval's cost: it
+    happens whatever the interval), nor for one whose blocking time is unknown."""
+    with self._lock:
+      if reason != 'preemption' and blocking_s is not None:
+        self._blocking.add(blocking_s)
 
   @property
   def blocking_s(self) -> float | None:

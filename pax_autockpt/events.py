@@ -29,10 +29,22 @@ from pax_autockpt import failures
 from pax_autockpt import layout
 
 PART_EVENTS = 64
+
+# Where a run's restored step came from: a `start` event's `restored_from` (None: a fresh start). Persisted,
+# so a new name needs the old one read as it: logs written before issue 50 name the job directory 'bucket',
+# though most job directories are on local disk.
+JOB_DIR = 'job_dir'  # the job's checkpoint directory, JOB_LOG_DIR/checkpoints (local disk or gs://)
+LOCAL = 'local'  # the local tier (--autockpt_local_dir)
+_OLD_TIERS = {'bucket': JOB_DIR}
 _LIST_PAUSES = (0.5, 1.0, 2.0)  # before each retry of a listing the storage failed; then it raises
 _FILE_NAME = re.compile(r'events\.host(\d+)(?:\.(\d{6}))?\.jsonl')  # layout.events_path's names
 # Where a record starts inside a torn line (the writer puts "t" first).
 _RECORD_START = re.compile(r'\{\s*"t"\s*:')
+
+
+def restored_tier(value: Any) -> Any:
+  """A `start` event's `restored_from` by today's name: an older log's 'bucket' is the job directory."""
+  return _OLD_TIERS.get(value, value) if isinstance(value, str) else value
 
 
 def _record(text: str) -> dict[str, Any] | None:

@@ -18,10 +18,10 @@ from pax_autockpt import goodput_recording
 from pax_autockpt import internals
 from pax_autockpt import layout
 from pax_autockpt import metrics as metrics_lib
-from pax_autockpt import outcomes
 from pax_autockpt import settings as settings_lib
 from pax_autockpt import signals
 from pax_autockpt import startup_times
+from pax_autockpt import stops
 
 
 class AutockptExecutor(executors.DefaultExecutor):
@@ -46,7 +46,7 @@ class AutockptExecutor(executors.DefaultExecutor):
           exit_after_ondemand_checkpoint=exit_after_ondemand_checkpoint,
           enable_summaries=kwargs.get('enable_summary_writer', True), metrics=step_metrics,
           slices=math.prod(getattr(jax_task.model, 'dcn_mesh_shape', None) or [1]), end=self._stopped)
-    except settings_lib.ConfigError as e:  # e.g. a local directory another live job holds (pax_autockpt.local_lock)
+    except settings_lib.ConfigError as e:  # e.g. a local directory another live job holds (pax_autockpt.local.lock)
       self._exit(2, checkpointer.step_to_restore, f'{e}; exiting 2.', error=True)
     if recording is not None:
       wrapped.on_step = recording.step_started
@@ -59,9 +59,9 @@ class AutockptExecutor(executors.DefaultExecutor):
     try:
       super().setup(jax_task, job_log_dir, wrapped, *args,
                     exit_after_ondemand_checkpoint=exit_after_ondemand_checkpoint, **kwargs)
-    except outcomes.RestoreMismatch as stop:  # a config slip: nothing moved, the same command fixed resumes
+    except stops.RestoreMismatch as stop:  # a config slip: nothing moved, the same command fixed resumes
       self._exit(2, stop.step, f'{stop}; exiting 2.', error=True)
-    except outcomes.RestoreFailed as stop:
+    except stops.RestoreFailed as stop:
       self._exit(1, stop.step, f'{stop}; exiting 1.', error=True)
     step_metrics.tap(*internals.programs(self))  # each saved step's metrics, for BestN
     internals.instrument_programs(*internals.programs(self), internals.decode_programs(self), wrapped.phases)
@@ -74,7 +74,7 @@ class AutockptExecutor(executors.DefaultExecutor):
   def start(self):
     try:
       super().start()
-    except (outcomes.Preempted, outcomes.SaveFailed) as stop:
+    except (stops.Preempted, stops.SaveFailed) as stop:
       self._stopped(stop)
     except Exception as e:  # pylint: disable=broad-except
       if not _out_of_space(e):
@@ -85,23 +85,24 @@ class AutockptExecutor(executors.DefaultExecutor):
                  f'training stopped at step {self._checkpointer.last_step}, the disk is full '
                  f'({failures.one_line(e)}); the newest committed checkpoint is '
                  f'{layout.step_text(self._checkpointer.newest_committed())}; exiting 1.', error=True)
-    self._summary(0)
+    self._log_run_recap(0)
     self._events.write('exit', code=0, step=self._checkpointer.last_step)
     self._events.flush()
 
-  def _stopped(self, stop: outcomes.StopTraining) -> None:
+  def _stopped(self, stop: stops.StopTraining) -> None:
     """Training stopped for a preemption (exit 143, or 130 after Ctrl-C) or a save that did not commit (1); in
     the main thread, or in pax_autockpt.rescue's when the main thread was held."""
-    if isinstance(stop, outcomes.Preempted):
+    if isinstance(stop, stops.Preempted):
       code = signals.INTERRUPT_EXIT_CODE if stop.signal == 'SIGINT' else self._settings.exit_code
-      self._summary(code)
+      self._log_run_recap(code)
       self._exit(code, stop.step, f'{stop} ({stop.signal}); exiting {code}.')
     else:
-      self._summary(1)
+      self._log_run_recap(1)
       self._exit(1, stop.step, f'{stop}; exiting 1.', error=True)
 
-  def _summary(self, code: int) -> None:
-    """One line that tells this run's story: what it trained and saved, and what a rerun does."""
+  def _log_run_recap(self, code: int) -> None:
+    """One line that tells this run's story: what it trained and saved, and what a rerun does (the log's
+    `run summary:` line; TensorBoard's summaries are pax_autockpt.summaries')."""
     ckpt = self._checkpointer
     first, last, saved = ckpt.step_to_restore or 0, ckpt.last_step, ckpt.committed_this_run
     newest = ckpt.newest_committed()

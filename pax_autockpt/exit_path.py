@@ -3,7 +3,7 @@
 A SIGTERM starts the grace budget (`--autockpt_grace_secs`, from the signal's arrival): a watchdog ends the
 process before it runs out. At the agreed step the primary host plans (pax_autockpt.grace: save this step,
 keep the save in flight, or give up), every host follows, the save commits within the budget, and
-`outcomes.Preempted` (or `SaveFailed`) goes to the executor, which decides the exit code. A signal before the
+`stops.Preempted` (or `SaveFailed`) goes to the executor, which decides the exit code. A signal before the
 first step exits with nothing to save, unless the restored state is a local step the job directory lacks:
 then it is saved first. Notices save (and, with `save_and_exit`, exit) the same way.
 
@@ -26,11 +26,11 @@ from pax_autockpt import events as events_lib
 from pax_autockpt import grace
 from pax_autockpt import layout
 from pax_autockpt import notices
-from pax_autockpt import outcomes
 from pax_autockpt import phases as phases_lib
 from pax_autockpt import preemption as preemption_lib
 from pax_autockpt import saves as saves_lib
 from pax_autockpt import signals
+from pax_autockpt import stops
 
 
 class ExitPath:
@@ -126,7 +126,7 @@ class ExitPath:
     newest = self._exit_step = self._saves.newest_committed()
     self._events.write('preemption', step=step, signal=self._preemption.signal_name, saved_step=newest,
                        plan='nothing_to_save', **self._signal_fields(deadline, phases_lib.START_UP))
-    raise outcomes.Preempted(step, nothing_trained(newest),
+    raise stops.Preempted(step, nothing_trained(newest),
                              signal=self._preemption.signal_name)
 
   def on_preemption(self, step: int, state: dict[str, Any], agreed_during: str = phases_lib.CHECKPOINT,
@@ -157,7 +157,7 @@ class ExitPath:
         self._events.write('exit_replanned', step=step, plan=exit_plan.action, saved_step=saved, why=exit_plan.why)
         logging.info('[autockpt] Step %d: %s (%s).', step, _PLAN_WORDS[exit_plan.action], exit_plan.why)
     if exit_plan.action == grace.GIVE_UP:
-      raise outcomes.SaveFailed(step, f'No time left to save step {step} ({exit_plan.why}); the newest committed '
+      raise stops.SaveFailed(step, f'No time left to save step {step} ({exit_plan.why}); the newest committed '
                                 f'checkpoint is {layout.step_text(self._saves.newest_committed())}')
     if exit_plan.action == grace.SAVE:
       self._save_unless_committed(step, 'preemption', state, last=True, deadline=deadline)
@@ -225,12 +225,12 @@ class ExitPath:
     agreed = step if agreed is None else agreed
     if self._saves.enabled and not layout.is_committed(self._saves.step_dir(step)):
       why = 'did not commit within the grace period' if not finished else 'failed to commit'
-      raise outcomes.SaveFailed(agreed, f'On-demand checkpoint of step {step} {why}; the newest committed '
+      raise stops.SaveFailed(agreed, f'On-demand checkpoint of step {step} {why}; the newest committed '
                                 f'checkpoint is {layout.step_text(self._saves.newest_committed())}')
     self._preserve_before_exit(deadline)
     what = (f'On-demand checkpoint of step {step} committed' if step == agreed else
             f'Checkpoint of step {step} committed (no time to save step {agreed} as well)')
-    raise outcomes.Preempted(agreed, what, signal=self._preemption.signal_name)
+    raise stops.Preempted(agreed, what, signal=self._preemption.signal_name)
 
   def _preserve_before_exit(self, deadline: grace.Deadline | None) -> None:
     """The preservation policy once more, after the exit's commit: after the signal every commit skipped it, so

@@ -21,6 +21,7 @@ from typing import Callable, Mapping, Sequence
 import urllib.error
 import urllib.request
 
+from absl import logging
 import yaml
 
 from pax_autockpt import failures
@@ -281,6 +282,54 @@ def _first_slurm_host(name: str, nodelist: str) -> str:
   if not host:
     raise WiringError(f'{name}={nodelist!r} names no host: expected e.g. "node[001-004]" or "host1,host2"')
   return host
+
+
+# --- the address a host serves its peers on ----------------------------------------------------------
+
+
+def own_address(coordinator: str | None) -> str:
+  """The address this host's peers reach it on (the local tier's peer and buddy servers): the interface its
+  route to the job's coordinator ("host:port", as jax.distributed was given it) leaves from.
+  Where that route is loopback but the coordinator is named (host 0 where /etc/hosts maps its own name to
+  127.0.1.1, as Debian and many Slurm nodes do: the other machines reach that name elsewhere), the interface
+  of the default route, else 127.0.0.1 in one line. 127.0.0.1 for a coordinator on loopback (every host on
+  this machine) or none."""
+  if not coordinator:
+    return '127.0.0.1'
+  host, _, port = coordinator.rpartition(':')
+  host = host.strip('[]')
+  found = _route_from(host, int(port))
+  if found is not None and not _loopback(found):
+    return found
+  if _loopback(host) or host == 'localhost':
+    return '127.0.0.1'
+  found = _route_from(*_OUTSIDE)
+  if found is not None and not _loopback(found):
+    return found
+  logging.warning('[autockpt] local tier: the coordinator %s is on loopback here and this host has no other '
+                  'route: it serves its local steps on 127.0.0.1, which no other machine reaches.', coordinator)
+  return '127.0.0.1'
+
+
+_OUTSIDE = ('203.0.113.1', 9)  # a documentation address (never a host): its route is the default route
+
+
+def _route_from(host: str, port: int) -> str | None:
+  """The local address a datagram to (host, port) would leave from (a UDP socket's connect sends nothing);
+  None when there is no route or the name does not resolve."""
+  try:
+    with socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET, socket.SOCK_DGRAM) as probe:
+      probe.connect((host, port))
+      return probe.getsockname()[0]
+  except OSError:
+    return None
+
+
+def _loopback(address: str) -> bool:
+  try:
+    return ipaddress.ip_address(address).is_loopback
+  except ValueError:
+    return False  # a name
 
 
 # --- values ----------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from orbax.checkpoint import utils as orbax_utils
 from pax_autockpt import coordination
 from pax_autockpt import failures
 from pax_autockpt import layout
-from pax_autockpt import outcomes
+from pax_autockpt import stops
 
 WRITTEN_FOR = {'paxml': '1.4.0', 'orbax-checkpoint': '0.5.9'}
 _original_tmp_checkpoints = orbax_utils.tmp_checkpoints
@@ -56,7 +56,7 @@ def retry_listing(budget_secs: float) -> None:
     except Exception as e:  # pylint: disable=broad-except
       kind = failures.classify(e)
       waited = f' for {budget_secs:g} s' if kind is failures.Kind.TRANSIENT else ''
-      raise outcomes.RestoreFailed(None, f'the checkpoints in {checkpoint_dir} could not be listed{waited} '
+      raise stops.RestoreFailed(None, f'the checkpoints in {checkpoint_dir} could not be listed{waited} '
                                    f'({failures.one_line(e, 200)}); nothing was moved') from e
   orbax_utils.checkpoint_steps = checkpoint_steps
 
@@ -159,7 +159,7 @@ class AllSettled:
 
 
 class _NewStep(threading.local):
-  path: str | None = None  # the step directory a bucket save is making, in the thread running that save
+  path: str | None = None  # the step directory a job directory save is making, in the thread running that save
   absent = False  # its absence is known (asked once): orbax's later questions get that answer
 
 

@@ -7,7 +7,7 @@ JOB_LOG_DIR/
   autockpt/events.host<IDX>.<PART>.jsonl
   autockpt/host<IDX>.log             a host's output under `pax-autockpt launch` (local disk only)
   autockpt/unrestorable/             damaged checkpoints moved aside (local disk)
-  autockpt/job_id                    the job's identity, made once (pax_autockpt.lineage)
+  autockpt/job_id                    the job's identity, made once (pax_autockpt.local.lineage)
   autockpt/compilation_cache/        JAX's compiled programs, for the next start (pax_autockpt.compilation_cache)
   summaries/autockpt/                the save scalars for TensorBoard
 
@@ -17,7 +17,7 @@ LOCAL_DIR/ (the local tier, one per host, --autockpt_local_dir with {host} repla
     index.json                         where each shard is in shards.bin, its xxh3, every host's input
   step_%08d.partial                  a local save in progress (never restored; removed by the next commit)
   buddy/step_%08d/                   a neighbour host's newest committed local step, kept for it (buddy
-                                     copies, pax_autockpt.buddy): the same form, its index names its host
+                                     copies, pax_autockpt.local.buddy): the same form, its index names its host
 
 Committed means complete on storage, and differs by storage because orbax 0.5.9 commits differently:
 on a local disk (and any storage but gs://) it writes `checkpoint_N.orbax-checkpoint-tmp-<time>` and
@@ -254,7 +254,7 @@ def summary_dir(job_log_dir: epath.PathLike) -> epath.Path:
   return epath.Path(job_log_dir) / 'summaries' / 'autockpt'
 
 
-# --- the local tier (pax_autockpt.local_tier) -----------------------------------------------------
+# --- the local tier (pax_autockpt.local.format) -----------------------------------------------------
 
 LOCAL_SHARDS = 'shards.bin'
 LOCAL_INDEX = 'index.json'
@@ -277,7 +277,7 @@ def local_partial_dir(folder: epath.PathLike, step: int, replaced: bool = False)
 
 
 def local_buddy_dir(folder: epath.PathLike) -> epath.Path:
-  """Where a host keeps its neighbour's newest committed local step (pax_autockpt.buddy)."""
+  """Where a host keeps its neighbour's newest committed local step (pax_autockpt.local.buddy)."""
   return epath.Path(folder) / 'buddy'
 
 

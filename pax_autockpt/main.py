@@ -71,10 +71,10 @@ from pax_autockpt import experiment_names
 from pax_autockpt import failures
 from pax_autockpt import hosts
 from pax_autockpt import layout
-from pax_autockpt import local_lock
 from pax_autockpt import mesh
-from pax_autockpt import outcomes
 from pax_autockpt import startup_times
+from pax_autockpt import stops
+from pax_autockpt.local import lock
 
 startup_times.mark(startup_times.IMPORTED)  # process start -> here: the `start` event's imported_s
 
@@ -128,7 +128,7 @@ def _check_local_dir(local_dir: str, experiment: str, wiring: hosts.Wiring) -> N
     _fail(problem)
   if local_dir:  # held from now on (a no-op where precheck took it): a second live job stops here, exit 2
     try:
-      local_lock.hold(layout.local_dir(local_dir, wiring.host_idx or 0), FLAGS.job_log_dir, wiring.host_idx or 0)
+      lock.hold(layout.local_dir(local_dir, wiring.host_idx or 0), FLAGS.job_log_dir, wiring.host_idx or 0)
     except settings_lib.ConfigError as e:
       _fail(str(e))
 
@@ -234,7 +234,7 @@ def main(argv):
   startup_times.mark(startup_times.JAX_SETUP)  # -> the experiment's validate(): setup_jax, distributed_s
   try:
     pax_main.main(argv)
-  except outcomes.RestoreFailed as e:  # before the executor exists (listing the checkpoints): one line
+  except stops.RestoreFailed as e:  # before the executor exists (listing the checkpoints): one line
     _fail(f'{e}; exiting 1.', code=1)
   except Exception as e:  # pylint: disable=broad-except
     if failures.classify(e) is not failures.Kind.TRANSIENT:

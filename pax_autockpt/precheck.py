@@ -14,8 +14,8 @@ import os
 from pax_autockpt import environment
 from pax_autockpt import experiment_names
 from pax_autockpt import hosts
-from pax_autockpt import local_lock
 from pax_autockpt import settings as settings_lib
+from pax_autockpt.local import lock
 
 PRINT_WIRING_HELP = 'Print the resolved host_idx/num_hosts/server_addr line and exit 0.'
 EXP_REQUIRED = f'--exp is required: e.g. --exp={experiment_names.EXAMPLE}'
@@ -231,7 +231,7 @@ def run(argv: list[str]) -> None:
   if problem:
     raise settings_lib.ConfigError(problem)
   if local and job:  # another live job on it: exit 2 now, ~1 s in, not after paxml's start-up
-    local_lock.hold(local.replace('{host}', str(wiring.host_idx or 0)), job, wiring.host_idx or 0)
+    lock.hold(local.replace('{host}', str(wiring.host_idx or 0)), job, wiring.host_idx or 0)
   missing = experiment_names.module_missing(values['exp']) if values.get('exp') else None
   if missing:
     raise settings_lib.ConfigError(missing)

@@ -22,8 +22,8 @@ from typing import Any, Callable
 from absl import logging
 
 from pax_autockpt import grace
-from pax_autockpt import outcomes
 from pax_autockpt import phases as phases_lib
+from pax_autockpt import stops
 
 RESCUE_AFTER_SECS = 10.0  # a main thread not at an agreement point this long after a signal is held
 _BUDGET_SHARE = 0.25  # and never later than this share of the grace period (a save must still fit)
@@ -42,7 +42,7 @@ class Rescue:
   for a StopTraining raised here (the executor's, from a thread)."""
 
   def __init__(self, *, phases: phases_lib.LoopPhases, exit_path: Any, agree: Callable[[int], None],
-               state_of: Callable[[Any], dict[str, Any]], end: Callable[[outcomes.StopTraining], None],
+               state_of: Callable[[Any], dict[str, Any]], end: Callable[[stops.StopTraining], None],
                grace_secs: float, first_step: Callable[[], int | None]):
     self._phases, self._exit, self._agree, self._state_of, self._end = phases, exit_path, agree, state_of, end
     self._grace_secs, self._first_step = grace_secs, first_step
@@ -63,10 +63,10 @@ class Rescue:
     self._agree(place.step)
     try:
       self._exit.on_preemption(place.step, self._state_of(place.state), agreed_during='rescue')
-    except outcomes.StopTraining as stop:
+    except stops.StopTraining as stop:
       self._end(stop)
     except Exception as e:  # pylint: disable=broad-except
-      self._end(outcomes.SaveFailed(place.step, f'the save of step {place.step} from another thread failed: {e}'))
+      self._end(stops.SaveFailed(place.step, f'the save of step {place.step} from another thread failed: {e}'))
 
   def _held(self, rescue_at: float, deadline: grace.Deadline | None) -> phases_lib.Place | None:
     """Waits until `rescue_at` and then while the main thread is in a phase unsafe to save beside; the place to

@@ -32,10 +32,10 @@ from pax_autockpt import failures
 from pax_autockpt import integrity
 from pax_autockpt import internals
 from pax_autockpt import layout
-from pax_autockpt import local_restore
-from pax_autockpt import local_tier
 from pax_autockpt import manifest as manifest_lib
-from pax_autockpt import outcomes
+from pax_autockpt import stops
+from pax_autockpt.local import format as local_format
+from pax_autockpt.local import restoring
 
 Kind = failures.Kind
 _FIX = 'nothing was moved: rerun with the config that wrote it, or use a new --job_log_dir'
@@ -163,15 +163,15 @@ class Restorer:
 
   def __init__(self, inner: Any, *, events: events_lib.EventLog, checksums: bool, retry_secs: float,
                set_aside: Callable[[int], None], restart_input: bool = False,
-               local: local_restore.LocalRestore | None = None, local_job: str = '',
+               local: restoring.LocalRestore | None = None, local_job: str = '',
                ever_committed: frozenset[int] = frozenset(), saves: dict[int, tuple[str | None, ...]] | None = None):
     """`set_aside(step)` is called on every host after a damaged checkpoint left the listing;
     `restart_input`: an input state written by another number of hosts is not restored (the input
     starts over) instead of being a mismatch; `local`: the local tier, restored from where its newest
-    complete step is at least as new as the bucket's newest checkpoint; `local_job`: this job's id
-    (pax_autockpt.lineage), that a local step must have been written by; `ever_committed`: the steps this
+    complete step is at least as new as the job directory's newest checkpoint; `local_job`: this job's id
+    (pax_autockpt.local.lineage), that a local step must have been written by; `ever_committed`: the steps this
     host's event log records a committed save of (a local step's lineage is checked against them), and `saves`
-    the ids of those commits (pax_autockpt.lineage.committed_saves)."""
+    the ids of those commits (pax_autockpt.local.lineage.committed_saves)."""
     self._local, self._local_job, self._ever_committed = local, local_job, ever_committed
     self._saves = saves or {}
     self._local_failed = False  # a local read failed: the rest of this restore is the job directory's
@@ -188,7 +188,7 @@ class Restorer:
     self._key = ''
     self._hosts = jax.process_count()
     self.verified: dict[str, int] = {}  # shards_checked/shards_unchecked of the restored checkpoint
-    self.restored_from: str | None = None  # the tier the restored step came from: 'bucket' or 'local'
+    self.restored_from: str | None = None  # the tier the restored step came from: 'job_dir' or 'local'
     internals.guard_restore(inner, self._guarded_read)
 
   @property
@@ -217,12 +217,12 @@ class Restorer:
       if found is None and self._checksums and not local:  # a local step's digests are checked as it is read
         found = agree(f'{self._key}/verify', self._host, self._verify(step, restored[0]))
       if found is None:
-        self.restored_from = 'local' if local else 'bucket'
+        self.restored_from = events_lib.LOCAL if local else events_lib.JOB_DIR
         logging.info('[autockpt] %s %d restored in %.3f s.', 'local step' if local else 'checkpoint', step,
                      time.monotonic() - began)
         return (compilation_cache.owned_by_xla(restored[0]), *restored[1:])
       if local:
-        self._bucket_instead(step, found)
+        self._job_dir_instead(step, found)
         continue
       tries = self._act(step, found, tries)
       if tries == 0 and not self._local_failed:  # a checkpoint was set aside: the freshest copy is decided again
@@ -230,7 +230,7 @@ class Restorer:
 
   @property
   def local_lineage(self) -> Any:
-    """The lineage of the restored local step (pax_autockpt.lineage.Lineage)."""
+    """The lineage of the restored local step (pax_autockpt.local.lineage.Lineage)."""
     return self._local.restored_lineage
 
   @property
@@ -252,28 +252,28 @@ class Restorer:
   def unbacked_step(self) -> int | None:
     """The restored local step where the job directory has no checkpoint of it (or newer): until one is
     committed there, this run's state lives only on local disks."""
-    if self.restored_from != 'local':
+    if self.restored_from != events_lib.LOCAL:
       return None
     newest = self._local.agreed_newest  # the same on every host
     return self._local_step if newest is None or newest < self._local_step else None
 
-  def _job_state(self) -> local_restore.JobState:
+  def _job_state(self) -> restoring.JobState:
     """The job directory as a local step's lineage is checked against (committed and set-aside steps)."""
-    return local_restore.JobState(self._local_job, layout.committed_steps(self.checkpoint_dir),
-                                  layout.set_aside_steps(self._events.job_log_dir), self._ever_committed,
-                                  self._saves)
+    return restoring.JobState(self._local_job, layout.committed_steps(self.checkpoint_dir),
+                              layout.set_aside_steps(self._events.job_log_dir), self._ever_committed,
+                              self._saves)
 
   def _local_plan(self, partitioner: Any, metadata: Any, pipeline: Any) -> int | None:
-    """The local step every host restores (Pax is pointed at it), or None for the bucket's newest."""
+    """The local step every host restores (Pax is pointed at it), or None for the job directory's newest."""
     if self._local is None:
       return None
     try:
-      needs = local_tier.fingerprint_for(metadata.padded_global_shapes, partitioner.global_mesh,
-                                         metadata.partition_specs)
+      needs = local_format.fingerprint_for(metadata.padded_global_shapes, partitioner.global_mesh,
+                                           metadata.partition_specs)
       job = self._job_state()
     except Exception as e:  # pylint: disable=broad-except
       logging.warning('[autockpt] local tier not used for this restore: %s', failures.one_line(e))
-      needs, job = '', local_restore.JobState(self._local_job, [], [])
+      needs, job = '', restoring.JobState(self._local_job, [], [])
     plan = None
     try:
       plan = self._local.plan(needs, job, needs_input=pipeline is not None)
@@ -293,8 +293,8 @@ class Restorer:
     self._events.write('local_restore_failed', step=step, kind='timeout', error=str(e), seen_by=e.by)
     self._local_failed = True
 
-  def _bucket_instead(self, step: int, found: Finding) -> None:
-    """A local step failed to restore on some host: every host goes to the bucket's newest checkpoint
+  def _job_dir_instead(self, step: int, found: Finding) -> None:
+    """A local step failed to restore on some host: every host goes to the job directory's newest checkpoint
     (the local copy stays where it is; the next local commits prune it)."""
     logging.warning('[autockpt] local step %d could not be restored (%s); restoring from the job directory instead.',
                     step, found.reason)
@@ -457,7 +457,7 @@ class Restorer:
     except agreement.Timeout as e:
       outcome, where = 'failed', str(e)
     if outcome == 'failed':
-      raise outcomes.RestoreFailed(step, _fit(f'checkpoint {step} is damaged ({{}}) and could not be set aside '
+      raise stops.RestoreFailed(step, _fit(f'checkpoint {step} is damaged ({{}}) and could not be set aside '
                                               f'({where}); nothing was deleted', reason))
     logging.error('[autockpt] checkpoint %d is damaged (%s); %s by host 0, trying the next newest.', step,
                   reason, where)
@@ -471,14 +471,14 @@ def _fit(template: str, reason: str, limit: int = 300) -> str:
   return template.replace('{}', reason if len(reason) <= room else reason[:room - 3] + '...', 1)
 
 
-def _stop(step: int, found: Finding, retry_secs: float) -> outcomes.StopTraining:
+def _stop(step: int, found: Finding, retry_secs: float) -> stops.StopTraining:
   """The one line a failed restore ends with, and its exit code (2 mismatch, else 1)."""
   where = '' if found.host == 0 else f' (host {found.host})'
   if found.kind is Kind.MISMATCH:
-    return outcomes.RestoreMismatch(step, _fit(f'checkpoint {step} does not fit this run{where}: {{}}; {_FIX}',
+    return stops.RestoreMismatch(step, _fit(f'checkpoint {step} does not fit this run{where}: {{}}; {_FIX}',
                                                found.reason))
   if found.kind is Kind.TRANSIENT:
-    return outcomes.RestoreFailed(step, _fit(f'checkpoint {step} could not be read for {retry_secs:g} s{where} '
+    return stops.RestoreFailed(step, _fit(f'checkpoint {step} could not be read for {retry_secs:g} s{where} '
                                              '({}); nothing was moved: rerun once storage is back', found.reason))
-  return outcomes.RestoreFailed(step, _fit(f'checkpoint {step} failed to restore{where} ({{}}); not recognised '
+  return stops.RestoreFailed(step, _fit(f'checkpoint {step} failed to restore{where} ({{}}); not recognised '
                                            'as damage, so nothing was moved', found.reason))

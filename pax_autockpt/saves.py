@@ -26,14 +26,15 @@ from pax_autockpt import failures
 from pax_autockpt import grace
 from pax_autockpt import internals
 from pax_autockpt import layout
-from pax_autockpt import lineage as lineage_lib
 from pax_autockpt import manifest as manifest_lib
 from pax_autockpt import metrics as metrics_lib
 from pax_autockpt import policies
 from pax_autockpt import preemption as preemption_lib
+from pax_autockpt import priority
 from pax_autockpt import settings as settings_lib
 from pax_autockpt import signals
 from pax_autockpt import summaries as summaries_lib
+from pax_autockpt.local import lineage as lineage_lib
 
 ROUTINE = ('continuous', 'interval')  # save reasons that compete with training: at `background_nice`
 
@@ -239,7 +240,7 @@ class JobDirectorySaves:
     if interval is not None:
       adaptive = dict(interval_s=round(interval, 6), mtbf_hours=self._adaptive.mtbf_hours)
     self._events.write('save_started', t=start, step=step, reason=reason, blocking_s=round(blocking, 6),
-                       wait_s=round(waited, 6), nice=background_save.thread_nice(), **adaptive,
+                       wait_s=round(waited, 6), nice=priority.thread_nice(), **adaptive,
                        **({'id': save} if save else {}))
     self._summaries.started(step, start, blocking)
     logging.info('[autockpt] %s save of step %d started (loop blocked %.3f s).', reason, step, blocking)

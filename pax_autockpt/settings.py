@@ -79,8 +79,8 @@ def _local_dir(v):
   if not isinstance(v, str):
     return "use a path on the host's own disk, e.g. /dev/shm/autockpt-{host}, or '' for no local tier"
   if '://' in v:
-    return ("use a path on the host's own disk (e.g. a local SSD or /dev/shm/autockpt-{host}); the bucket is "
-            "--job_log_dir's")
+    return ("use a path on the host's own disk (e.g. a local SSD or /dev/shm/autockpt-{host}); the job "
+            "directory is --job_log_dir")
   return None
 
 
@@ -225,7 +225,7 @@ class Settings:
                              "tier's disk space; each commit's share crosses the network once more)", rule=_bool)
   local_buddy_mb_per_sec: float = option(200.0, "local tier, buddy copies: the most MB/s a host's background copy "
                                          "of its neighbour's step takes (so that it leaves the network and disk to "
-                                         'training and the bucket saves)', rule=_mb_per_sec)
+                                         'training and the job directory saves)', rule=_mb_per_sec)
   compilation_cache: str = option('auto', "JAX's persistent compilation cache, which spares a restart its compiles "
                                   "(the train step's: seconds on CPU, minutes for a large model): 'auto' "
                                   "(JOB_LOG_DIR/autockpt/compilation_cache, bounded to 2 GB at each start, unless "

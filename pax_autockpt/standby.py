@@ -52,7 +52,7 @@ def preload() -> None:
   from pax_autockpt import lambda_source  # pylint: disable=g-import-not-at-top
   lambda_source.install()
   for module in ('jax', 'paxml.main', 'fiddle.absl_flags', 'etils.epath', 'pax_autockpt.hosts',
-                 'pax_autockpt.mesh', 'pax_autockpt.outcomes', 'pax_autockpt.experiment'):
+                 'pax_autockpt.mesh', 'pax_autockpt.stops', 'pax_autockpt.experiment'):
     importlib.import_module(module)
 
 

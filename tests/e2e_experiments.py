@@ -3,8 +3,8 @@
 import jax
 from paxml import experiment_registry
 
+from experiments import bench
 from experiments import lm_cloud_autockpt
-from pax_autockpt.tools import bench_experiments
 
 
 @experiment_registry.register
@@ -28,7 +28,7 @@ class TinyWiderModel(lm_cloud_autockpt.LmCloudSpmdTinyAutockpt):
 
 
 @experiment_registry.register
-class TinyModelParallelHost1Wider(bench_experiments.TinyModelParallelAutockpt):
+class TinyModelParallelHost1Wider(bench.TinyModelParallelAutockpt):
   """TinyModelParallelAutockpt on host 0, MODEL_DIMS 96 on host 1: a config slip one host alone sees
   (e.g. one host's image holding another version of the experiment)."""
 
@@ -73,7 +73,7 @@ class TinyShortSchedule(lm_cloud_autockpt.LmCloudSpmdTinyAutockpt):
 
 
 @experiment_registry.register
-class TinyModelParallelRareSaves(bench_experiments.TinyModelParallelAutockpt):
+class TinyModelParallelRareSaves(bench.TinyModelParallelAutockpt):
   """One slice over every local host (ICI [1, N, 1]: each host holds its own half of every sharded array, so
   no host has a data-parallel replica), 600 steps, Pax's interval saves only at 0 and 600: after a kill the
   local tier holds the newest state, and a host that lost its disk has no peer with its shards but its buddy."""
@@ -83,7 +83,7 @@ class TinyModelParallelRareSaves(bench_experiments.TinyModelParallelAutockpt):
 
 
 @experiment_registry.register
-class MediumTwoReplicas(bench_experiments.MediumAutockpt):
+class MediumTwoReplicas(bench.MediumAutockpt):
   """The Medium state (~50M parameters, ~600 MB with Adam's moments) over 2 local hosts as 2 data-parallel
   slices (DCN [2, 1, 1]): each host holds a whole replica, so a replaced host's share comes from its peer.
   Pax's interval never comes (only the initial save): after a kill the local tier holds the newest state."""

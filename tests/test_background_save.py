@@ -10,6 +10,7 @@ import numpy as np
 
 from pax_autockpt import background_save
 from pax_autockpt import internals
+from pax_autockpt import priority
 
 
 def _state():
@@ -68,23 +69,23 @@ def test_an_input_without_get_state_is_saved_by_reference_with_one_warning(caplo
 
 
 def test_a_lowered_save_thread_and_the_threads_it_starts_run_at_that_nice_value_and_no_other_thread_does():
-  """pax_autockpt.background_save.lower_priority: per thread on Linux, inherited by the threads it
+  """pax_autockpt.priority.lower_priority: per thread on Linux, inherited by the threads it
   starts (orbax's commit thread, asyncio's executors), never the caller's."""
   import threading  # pylint: disable=g-import-not-at-top
   got = {}
 
   def save():
-    background_save.lower_priority(19)
-    got['save'] = background_save.thread_nice()
-    child = threading.Thread(target=lambda: got.update(child=background_save.thread_nice()))
+    priority.lower_priority(19)
+    got['save'] = priority.thread_nice()
+    child = threading.Thread(target=lambda: got.update(child=priority.thread_nice()))
     child.start()
     child.join()
 
-  before = background_save.thread_nice()
+  before = priority.thread_nice()
   thread = threading.Thread(target=save)
   thread.start()
   thread.join()
-  assert got == {'save': 19, 'child': 19} and background_save.thread_nice() == before
+  assert got == {'save': 19, 'child': 19} and priority.thread_nice() == before
 
 
 def test_a_failed_write_fails_the_save_only_once_every_other_write_of_it_has_ended():

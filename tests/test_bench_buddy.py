@@ -8,17 +8,17 @@ import sys
 import time
 
 from pax_autockpt import layout
-from pax_autockpt import local_restore
+from pax_autockpt.local import restoring
 from pax_autockpt.tools.bench import buddy as bench_buddy
 from pax_autockpt.tools.bench import plan_scale
 
 
 def test_planscale_reports_plan_the_newest_step_own_copies_or_one_share_from_its_keepers_buddy_copy():
   for hosts in (2, 8, 128):
-    plan = local_restore.choose(plan_scale.reports(hosts), hosts, plan_scale.NEWEST - 1000)
+    plan = restoring.choose(plan_scale.reports(hosts), hosts, plan_scale.NEWEST - 1000)
     assert plan.step == plan_scale.NEWEST and plan.donors == {h: h for h in range(hosts)} and not plan.sources
     missing = hosts // 2
-    plan = local_restore.choose(plan_scale.reports(hosts, missing), hosts, plan_scale.NEWEST - 1000)
+    plan = restoring.choose(plan_scale.reports(hosts, missing), hosts, plan_scale.NEWEST - 1000)
     keeper = (missing + 1) % hosts  # one slice: the next host keeps its copy
     assert plan.step == plan_scale.NEWEST and plan.filled == {missing: keeper} and plan.from_buddy == {missing}
     assert plan.sources == {missing: ((keeper, True),)}
@@ -26,8 +26,8 @@ def test_planscale_reports_plan_the_newest_step_own_copies_or_one_share_from_its
 
 def test_planscale_reports_survive_the_coordination_services_json():
   found = plan_scale.reports(8, 3)
-  assert {h: local_restore.HostReport.decode(r.encode()) for h, r in found.items()} == found
-  assert found[3].has == {} and found[3].buddy == {} and found[0].bucket == plan_scale.NEWEST - 1000
+  assert {h: restoring.HostReport.decode(r.encode()) for h, r in found.items()} == found
+  assert found[3].has == {} and found[3].buddy == {} and found[0].job_dir == plan_scale.NEWEST - 1000
 
 
 def test_per_call_ms_takes_the_calls_in_turn_for_at_least_min_secs():
@@ -85,11 +85,11 @@ def test_children_finds_a_launchers_hosts_and_alive_sees_them_go():
 
 
 def test_mean_step_secs_between_the_local_tiers_captures_after_warm_up_across_midnight():
-  lines = ['I1125 23:59:30.000000 1402 local_saves.py:232] [autockpt] local save of step 0 committed in 2.752 s '
+  lines = ['I1125 23:59:30.000000 1402 saving.py:232] [autockpt] local save of step 0 committed in 2.752 s '
            '(250.1 MB); from now on one line every 10 s sums up the local commits.']
   for step, t, took in ((1, '23:59:42.000000', 2.0), (4, '23:59:53.000000', 3.0), (7, '00:00:01.500000', 1.5),
                         (10, '00:00:11.000000', 2.0)):
-    lines.append(f'I1125 {t} 1402 local_saves.py:236] [autockpt] local tier: 1 commit(s) in the last 11 s (one '
+    lines.append(f'I1125 {t} 1402 saving.py:236] [autockpt] local tier: 1 commit(s) in the last 11 s (one '
                  f'every 10.61 s), newest step {step}, committed in {took:.3f} s (250.1 MB).')
   lines.insert(2, 'I1125 23:59:43.000000 1402 executors.py:496] [PAX STATUS]: Step `3` completed.')
   # Captures: step 4 at 23:59:50, step 10 at 00:00:09: 19 s for 6 steps.

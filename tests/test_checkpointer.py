@@ -14,9 +14,9 @@ import pytest
 from pax_autockpt import events as events_lib
 from pax_autockpt import layout
 from pax_autockpt import metrics as metrics_lib
-from pax_autockpt import outcomes
 from pax_autockpt import policies
 from pax_autockpt import settings as settings_lib
+from pax_autockpt import stops
 from tests import fakes
 from tests import test_policies
 from tests.fakes import STATE
@@ -57,7 +57,7 @@ def test_preemption_saves_off_interval_waits_for_commit_then_raises(job):
   fakes.preempt()
   fake.orbax.gate.clear()
   threading.Timer(0.3, fake.orbax.gate.set).start()  # the commit comes a little later
-  with pytest.raises(outcomes.Preempted) as stop:
+  with pytest.raises(stops.Preempted) as stop:
     ckpt.save_if_needed(3, STATE)
   assert committed(job) == [3]  # at the moment Preempted was raised
   assert stop.value.step == 3
@@ -77,7 +77,7 @@ def test_failed_on_demand_commit_raises_save_failed_and_removes_leftovers(job, c
   ckpt.wait_until_finished()
   fake.orbax.fail_commit = OSError('disk write failed')
   fakes.preempt()
-  with pytest.raises(outcomes.SaveFailed) as stop:
+  with pytest.raises(stops.SaveFailed) as stop:
     ckpt.save_if_needed(13, STATE)
   assert stop.value.step == 13
   assert 'step 13' in str(stop.value)
@@ -174,7 +174,7 @@ def test_the_exit_leaves_the_job_directory_as_the_preservation_policy_allows(job
     ckpt.save_if_needed(step, STATE)
   fakes.preempt()
   fake.orbax.gate.set()
-  with pytest.raises(outcomes.Preempted):
+  with pytest.raises(stops.Preempted):
     ckpt.save_if_needed(41, STATE)
   assert committed(job) == [40, 41]
   assert [e['step'] for e in fakes.events(job, 'deleted')] == [10, 20, 30]
@@ -218,7 +218,7 @@ def test_saving_disabled_preemption_raises_without_saving(job):
   ckpt, fake = fakes.wrap(job, interval=10, enable_checkpoint_saving=False)
   ckpt.save_if_needed(10, STATE)
   fakes.preempt()
-  with pytest.raises(outcomes.Preempted) as stop:
+  with pytest.raises(stops.Preempted) as stop:
     ckpt.save_if_needed(11, STATE)
   assert stop.value.step == 11
   assert fake.orbax.attempts == []
@@ -298,7 +298,7 @@ def test_a_notice_saves_the_next_step_and_training_goes_on(job):
   assert (notice['step'], notice['source'], notice['value']) == (1, 'maintenance-event', 'MIGRATE_ON_HOST_MAINTENANCE')
   assert [(e['step'], e['reason']) for e in fakes.events(job, 'save_started')][-1] == (1, 'notice')
   fakes.preempt()
-  with pytest.raises(outcomes.Preempted):
+  with pytest.raises(stops.Preempted):
     ckpt.save_if_needed(3, STATE)
   assert committed(job) == [0, 1, 3]
 
@@ -309,7 +309,7 @@ def test_notice_action_save_and_exit_exits_once_the_notice_save_commits(job):
   ckpt.save_if_needed(1, STATE)
   ckpt.wait_until_finished()
   ckpt._notices.announce('preempted', 'TRUE')  # pylint: disable=protected-access
-  with pytest.raises(outcomes.Preempted) as stop:
+  with pytest.raises(stops.Preempted) as stop:
     ckpt.save_if_needed(2, STATE)
   assert stop.value.step == 2 and committed(job) == [0, 2]
   assert kinds(job)[-3:] == ['notice', 'save_started', 'save_committed']
@@ -390,7 +390,7 @@ def test_preemption_policy_is_accepted_and_the_agreed_step_is_saved(job):
   for step in range(10, 13):
     ckpt.save_if_needed(step, STATE)
   fakes.preempt()
-  with pytest.raises(outcomes.Preempted):
+  with pytest.raises(stops.Preempted):
     ckpt.save_if_needed(13, STATE)
   assert fake.orbax.attempts == [10, 13]
   assert [e['reason'] for e in fakes.events(job, 'save_started')] == ['interval', 'preemption']
@@ -497,7 +497,7 @@ def test_a_damaged_name_that_cannot_be_moved_aside_fails_the_save_and_stays(job,
   ckpt._saves._unrestorable.add(13)  # pylint: disable=protected-access  (as marked_unrestorable_steps finds it)
   fakes.preempt()
   with mock.patch.object(layout, 'move_aside', side_effect=OSError('HTTP 403 injected')) as move:
-    with pytest.raises(outcomes.SaveFailed) as stop:
+    with pytest.raises(stops.SaveFailed) as stop:
       ckpt.save_if_needed(13, STATE)
   move.assert_called_once()
   assert 'step 13' in str(stop.value) and 'the newest committed checkpoint is 10' in str(stop.value)

@@ -32,7 +32,7 @@ def test_delete_ignores_jaxlib_0_4_26_s_error_after_deleting_the_key_and_its_fol
 
 
 def test_delete_lets_any_other_error_through():
-  """A service that is gone or refuses is the caller's to handle (local_restore logs it, agreement's beat too)."""
+  """A service that is gone or refuses is the caller's to handle (local.restoring logs it, agreement's beat too)."""
   store = fakes.CoordinationStore(1)
   store.key_value_delete = fakes.raises(RuntimeError('UNAVAILABLE: the coordination service is gone'))
   with pytest.raises(RuntimeError, match='UNAVAILABLE'):

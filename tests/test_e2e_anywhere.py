@@ -20,14 +20,14 @@ from tests.conftest import checkpoint_steps
 
 pytestmark = pytest.mark.e2e
 
-_B = 'pax_autockpt.tools.bench_experiments.'
+_B = 'experiments.bench.'
 EVAL, DECODE = f'{_B}TinySlowEval', f'{_B}TinySlowDecode'
 GRACE = '--autockpt_grace_secs=60'
 PACED = 0.03  # seconds per eval or decode batch: 4,000 batches take ~2 minutes
 
 
 def _env(**variables) -> dict[str, str]:
-  """This environment with pax_autockpt.tools.bench_experiments.PacedLmInput's variables set."""
+  """This environment with experiments.bench.PacedLmInput's variables set."""
   return {**os.environ, **{f'AUTOCKPT_PACED_{k}': str(v) for k, v in variables.items()}}
 
 
@@ -118,6 +118,6 @@ def test_sigterm_mid_eval_then_with_the_input_blocked_then_mid_decode(jobs, tmp_
   _, took, found = _cut_short(jobs, DECODE, job_dir, '--decode_during_train', tmp_path / 'run3.log', 'decode',
                               r'Finished decoding input batch 3 for', 150, DECODE_SLEEP_S=PACED)
   start = _run_events(job_dir)[0]
-  assert (start['restored_step'], start['restored_from']) == (119, 'bucket')
+  assert (start['restored_step'], start['restored_from']) == (119, 'job_dir')
   assert not list((tmp_path / 'job' / 'decoder_out').glob('*/decoder_out_150*'))
   print(f'SIGTERM mid-decode -> exit {took:.2f} s, stopped before decode batch {found["batch"]}')

@@ -104,7 +104,7 @@ def _fork_is_another_job(jobs, tmp_path, job_dir, local, grown_from_400):
       'time: give this job its own --autockpt_local_dir, or stop the other'], intruder.log()
   assert not os.path.exists(intruder_dir)
   start = _started(fork, 1, run)  # the original's first start came along with the copy
-  assert (start['restored_step'], start['restored_from']) == (400, 'bucket'), run.log()[-3000:]
+  assert (start['restored_step'], start['restored_from']) == (400, 'job_dir'), run.log()[-3000:]
   assert f'local step {grown_from_400} is not offered for the restore: written by another job' in run.log()
   run.send(signal.SIGTERM)
   assert run.wait(120) in (0, 143), run.log()[-3000:]
@@ -153,7 +153,7 @@ def test_a_local_step_restores_only_into_its_job_and_lineage_and_is_never_strand
   # 2. A rollback: checkpoint 400 deleted. The restart restores 200 and names the local step it passes over.
   shutil.rmtree(layout.step_dir(ckpt, 400))
   run = _start(jobs, tmp_path, 'run2', job_dir, fresh=False)
-  assert (_started(job_dir, 1, run)['restored_step'], _started(job_dir, 1, run)['restored_from']) == (200, 'bucket')
+  assert (_started(job_dir, 1, run)['restored_step'], _started(job_dir, 1, run)['restored_from']) == (200, 'job_dir')
   assert (f'local step {grown_from_400} is not offered for the restore: it grew from checkpoint 400, which is no '
           'longer in the job directory (rolled back)') in run.log()
   process.wait_until(lambda: _newest_local(local, grown_from_400) >= 450 and 400 in checkpoint_steps(job_dir)[0],
@@ -195,14 +195,14 @@ def test_a_local_step_restores_only_into_its_job_and_lineage_and_is_never_strand
   assert run.wait(120) == 143, run.log()[-3000:]
   events = [e for e in _events_of_run(job_dir, 3) if e['event'] != 'local_committed']  # a local copy of the step
   assert [e['event'] for e in events] == ['start', 'preemption', 'exit'], events
-  assert (events[0]['restored_step'], events[0]['restored_from']) == (newest_local, 'bucket')  # the VM's disk went
+  assert (events[0]['restored_step'], events[0]['restored_from']) == (newest_local, 'job_dir')  # the VM's disk went
   assert events[1]['during'] == 'start-up' and events[1]['saved_step'] == newest_local
   assert 'Finished XLA compilation of pjit(_wrapped_step_fn)' not in run.log()
   assert checkpoint_steps(job_dir)[0][-1] == newest_local
   print(f'SIGTERM during the first compile -> exit {events[2]["t"] - sent:.2f} s after it was sent')
   # Run 4a's first iteration began a local copy of the step it restored; where it committed before the exit,
   # it is as new as the job directory's and restores faster.
-  tier = 'local' if newest_local in layout.local_committed_steps(local) else 'bucket'
+  tier = 'local' if newest_local in layout.local_committed_steps(local) else 'job_dir'
   run = _start(jobs, tmp_path, 'run4', job_dir, fresh=False)
   assert run.wait(300) == 0, run.log()[-3000:]
   start = _started(job_dir, 4, run)

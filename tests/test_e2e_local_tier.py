@@ -1,12 +1,12 @@
-"""End to end, the local tier (--autockpt_local_dir): an unplanned kill loses seconds, not a bucket interval.
+"""End to end, the local tier (--autockpt_local_dir): an unplanned kill loses seconds, not a job directory interval.
 
 Real input (a shuffled TFRecord file, input checkpointing on); the job directory's checkpoints come only
-at steps 0 and 600 (the bucket tier, rare on purpose), the local tier saves back to back at most every
+at steps 0 and 600 (the job directory tier, rare on purpose), the local tier saves back to back at most every
 0.5 s. A SIGKILL mid-training, no signal, no save: the restart must restore the newest complete local
-step (never a half-written or damaged one), not the bucket's step 0, and the run's end must be
+step (never a half-written or damaged one), not the job directory's step 0, and the run's end must be
 identical, array by array and input position, to an uninterrupted run's. `make soak`: one host; two hosts
 on the local GCS, one host's local disk replaced (empty) and filled by its replica, then every local disk
-empty (the bucket's step).
+empty (the job directory's step).
 """
 
 import contextlib
@@ -22,7 +22,7 @@ import pytest
 from experiments import tfrecord_lm_input
 from pax_autockpt import events as events_lib
 from pax_autockpt import layout
-from pax_autockpt import local_tier
+from pax_autockpt.local import format as local_format
 from pax_autockpt.tools import process
 from tests import forkserver
 from tests.conftest import checkpoint_steps
@@ -81,7 +81,7 @@ def test_sigkill_one_host_resumes_from_the_newest_local_step_identical_to_an_uni
   process.wait_until(lambda: _local_steps(local, 300), 'local saves past step 300', 300, 0.05, run)
   run.kill()  # no signal, no save
   newest = layout.local_committed_steps(local)[-1]
-  assert checkpoint_steps(job_dir)[0] == [0] and newest >= 300  # the bucket holds only step 0
+  assert checkpoint_steps(job_dir)[0] == [0] and newest >= 300  # the job directory holds only step 0
   # Beside it, newer: a half-written local step (killed mid-save) and a committed one with a flipped byte.
   layout.local_partial_dir(local, newest + 40).mkdir()
   (layout.local_partial_dir(local, newest + 40) / layout.LOCAL_SHARDS).write_bytes(b'\0' * 100)
@@ -126,11 +126,11 @@ def _run_starts(job_dir, host):
 
 
 @pytest.mark.soak
-def test_two_hosts_a_replaced_host_is_filled_by_its_replica_and_without_local_copies_the_bucket_restores(
+def test_two_hosts_a_replaced_host_is_filled_by_its_replica_and_without_local_copies_the_job_dir_restores(
     jobs, gcs, tmp_path):
   """`make soak`: 2 hosts as 2 data-parallel replicas, bucket on the local GCS. SIGKILL host 1; its local
   disk replaced (empty): both restore the newest local step, host 1 from host 0's copy, and the run ends
-  identical to an uninterrupted one. Then SIGKILL again with every local disk empty: the bucket's step."""
+  identical to an uninterrupted one. Then SIGKILL again with every local disk empty: the job directory's step."""
   os.environ['AUTOCKPT_TINY_TFRECORD'] = tfrecord_lm_input.write_corpus(str(tmp_path / 'data.tfrecord'))
   job_dir, reference_dir = gcs.url('local/resumed'), gcs.url('local/uninterrupted')
   local = [tmp_path / f'local-{h}' for h in (0, 1)]
@@ -153,16 +153,16 @@ def test_two_hosts_a_replaced_host_is_filled_by_its_replica_and_without_local_co
   assert code == 0 and '2 input states' in out, out
   # The filled copy is a committed local step of host 1 now, as its own would be.
   assert newest in layout.local_committed_steps(local[1]) or layout.local_committed_steps(local[1])[0] > newest
-  assert local_tier.read_index(layout.local_step_dir(local[1], layout.local_committed_steps(local[1])[-1]))
+  assert local_format.read_index(layout.local_step_dir(local[1], layout.local_committed_steps(local[1])[-1]))
 
-  # Every local disk empty: the bucket's newest committed step (the final one here) restores.
+  # Every local disk empty: the job directory's newest committed step (the final one here) restores.
   for folder in local:
     shutil.rmtree(folder)
   run = _launch(jobs, tmp_path, 'run3', job_dir, *_local_flags(tmp_path))
   assert run.wait(600) == 0, run.log()[-3000:]
   for host in (0, 1):
     process.wait_until(lambda h=host: len(_run_starts(job_dir, h)) == 3, f'host {host}\'s start event', 30, 1.0)
-    assert _run_starts(job_dir, host)[-1] == (FINAL, 'bucket')
+    assert _run_starts(job_dir, host)[-1] == (FINAL, 'job_dir')
 
 
 @pytest.mark.soak
@@ -184,7 +184,7 @@ def test_four_hosts_in_two_slices_a_replaced_host_is_filled_by_the_same_host_of_
   assert checkpoint_steps(job_dir)[0] == [0]
   for host in range(4):  # buddy copies: each host keeps the same host's of the other slice
     kept = layout.local_buddy_dir(tmp_path / f'local-{host}')
-    assert local_tier.read_index(layout.local_step_dir(kept, layout.local_committed_steps(kept)[-1]))['host'] == (
+    assert local_format.read_index(layout.local_step_dir(kept, layout.local_committed_steps(kept)[-1]))['host'] == (
         (host + 2) % 4), host
   held = {h: set(layout.local_committed_steps(tmp_path / f'local-{h}')) for h in (0, 2, 3)}
   newest = max(held[3] & (held[0] | held[2]))  # half B only on host 3 now; half A on host 0 or 2
@@ -216,7 +216,7 @@ def test_two_hosts_without_a_replica_a_replaced_host_restores_the_buddy_copy_ide
   run.wait(120)
   newest = layout.local_committed_steps(kept)[-1]
   assert newest in layout.local_committed_steps(local[0]), (newest, layout.local_committed_steps(local[0]))
-  assert local_tier.read_index(layout.local_step_dir(kept, newest))['fingerprint'] != local_tier.read_index(
+  assert local_format.read_index(layout.local_step_dir(kept, newest))['fingerprint'] != local_format.read_index(
       layout.local_step_dir(local[0], newest))['fingerprint']  # host 1's half, not a replica of host 0's
   first_copy = r'\[host 0\].*buddy copies: 1 of host 1\'s local steps copied, newest \d+'
   assert re.search(first_copy, run.log()), run.log()[-3000:]

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.e2e
 EXP = 'experiments.lm_cloud_autockpt.LmCloudSpmdTinyMultisliceAutockpt'
 CLI = [sys.executable, '-m', 'pax_autockpt.tools.cli']
 HOST_1_WIDER = 'tests.e2e_experiments.TinyModelParallelHost1Wider'
-EVAL_TWO_HOSTS = 'pax_autockpt.tools.bench_experiments.TinySlowEvalModelParallel'
+EVAL_TWO_HOSTS = 'experiments.bench.TinySlowEvalModelParallel'
 CTRL_C_LINE = '[autockpt] Ctrl-C: saving at the step every host agrees on'
 
 
@@ -260,7 +260,7 @@ def test_restore_decisions_agreed_across_hosts_and_verified_on_another_topology(
   5. 2 hosts again, from the 1-host checkpoint: the read-back is split across hosts; none unchecked. A
      terminal's Ctrl-C (SIGINT to the launcher's process group) reaches each host once, through the
      launcher; nothing trained since the restore, so nothing new is saved, and all exit 130."""
-  exp = 'pax_autockpt.tools.bench_experiments.TinyModelParallelAutockpt'
+  exp = 'experiments.bench.TinyModelParallelAutockpt'
   first = _launch(jobs, job_dir, str(tmp_path / 'launch1.log'), 2, exp=EVAL_TWO_HOSTS,
                   host_flags=('--eval_on_test', '--autockpt_grace_secs=60'),
                   env={**os.environ, 'AUTOCKPT_PACED_EVAL_SLEEP_S': '0.03'})  # ~2 minutes of eval

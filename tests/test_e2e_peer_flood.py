@@ -28,7 +28,7 @@ from tests import forkserver
 
 pytestmark = [pytest.mark.e2e, pytest.mark.soak]
 
-EXP = 'pax_autockpt.tools.bench_experiments.TinyModelParallelAutockpt'
+EXP = 'experiments.bench.TinyModelParallelAutockpt'
 FLOOD_SECS = 20.0
 RSS_GROWTH_MB = 20.0  # over the largest RSS of the same span just before the flood
 FD_GROWTH = 64  # the server's cap is max(8, 4 x hosts) connections; each one a descriptor at most

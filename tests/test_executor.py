@@ -8,8 +8,8 @@ from paxml import executors
 import pytest
 
 from pax_autockpt import executor as executor_lib
-from pax_autockpt import outcomes
 from pax_autockpt import settings as settings_lib
+from pax_autockpt import stops
 from tests import fakes
 from tests.fakes import STATE
 
@@ -84,7 +84,7 @@ def test_save_failed_exits_1_with_one_error_line(run, job, caplog):
 
   def loop(ckpt):
     del ckpt
-    raise outcomes.SaveFailed(13, message)
+    raise stops.SaveFailed(13, message)
 
   with pytest.raises(SystemExit) as exited:
     run(loop)

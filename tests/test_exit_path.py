@@ -6,14 +6,15 @@ import re
 import time
 from unittest import mock
 
+import numpy as np
 import pytest
 
 from pax_autockpt import events as events_lib
 from pax_autockpt import grace
 from pax_autockpt import layout
-from pax_autockpt import outcomes
 from pax_autockpt import settings as settings_lib
 from pax_autockpt import signals
+from pax_autockpt import stops
 from tests import fakes
 from tests.fakes import STATE
 
@@ -48,7 +49,7 @@ def test_the_budget_counts_from_the_signals_arrival_not_from_the_agreed_step(job
   fakes.preempt()
   arrival, real_time = signals.received()[1], time.time
   with mock.patch.object(time, 'time', side_effect=lambda: real_time() + 50.0):  # the loop is 50 s later
-    with pytest.raises(outcomes.SaveFailed, match='No time left to save step 12'):
+    with pytest.raises(stops.SaveFailed, match='No time left to save step 12'):
       ckpt.save_if_needed(12, STATE)
   event, = fakes.events(job, 'preemption')
   assert (event['plan'], event['signal_at']) == (grace.GIVE_UP, round(arrival, 6))
@@ -77,7 +78,7 @@ def test_no_time_for_a_new_save_keeps_the_save_in_flight(job, monkeypatch):
   for step in range(11, 21):
     ckpt.save_if_needed(step, STATE)  # 20: Pax's interval, a background save held at its commit
   fakes.preempt()
-  with pytest.raises(outcomes.Preempted) as stop:
+  with pytest.raises(stops.Preempted) as stop:
     ckpt.save_if_needed(21, STATE)
   assert [(p.action, p.kept_step) for p in plans] == [(grace.KEEP_IN_FLIGHT, 20)]
   assert stop.value.step == 21 and str(stop.value) == 'Checkpoint of step 20 committed (no time to save step 21 ' \
@@ -98,11 +99,11 @@ def test_with_nothing_in_flight_a_save_that_does_not_fit_gives_up(job, duration_
   ckpt.save_if_needed(11, STATE)
   fakes.preempt()
   if plan == grace.SAVE:
-    with pytest.raises(outcomes.Preempted, match='On-demand checkpoint of step 12 committed'):
+    with pytest.raises(stops.Preempted, match='On-demand checkpoint of step 12 committed'):
       ckpt.save_if_needed(12, STATE)
     assert fake.orbax.attempts == [12]
   else:
-    with pytest.raises(outcomes.SaveFailed) as failed:
+    with pytest.raises(stops.SaveFailed) as failed:
       ckpt.save_if_needed(12, STATE)
     assert failed.value.step == 12
     assert str(failed.value).startswith('No time left to save step 12 (') and \
@@ -111,3 +112,29 @@ def test_with_nothing_in_flight_a_save_that_does_not_fit_gives_up(job, duration_
   event, = fakes.events(job, 'preemption')
   assert (event['plan'], event['saved_step']) == (plan, 12)
   assert 200.0 < seconds_left(event) <= 250.0, event
+
+
+@pytest.mark.parametrize('compression, interval_save, exit_save', [('auto', 'zstd', None), ('zstd', 'zstd', 'zstd'),
+                                                                    ('none', None, None)])
+def test_the_save_a_signals_exit_waits_for_is_written_raw_under_auto_and_the_others_zstd(
+    job, monkeypatch, compression, interval_save, exit_save):
+  """`compression=auto`: the on-demand save the exit waits for writes its chunks raw (zstd gains little on float
+  weights and the grace period is short), an interval save zstd as orbax does; `zstd` and `none` apply to both.
+  What each save writes is the zarr compressor orbax builds for an array while that save runs."""
+  from orbax.checkpoint import type_handlers  # pylint: disable=g-import-not-at-top
+  compressors, original = [], fakes.FakeHandler.async_save
+
+  async def async_save(self, directory, *args, **kwargs):  # inside the save, where orbax builds its arrays' metadata
+    meta = type_handlers._build_ts_zarr_shard_and_chunk_metadata((4,), (4,), False, np.dtype('float32'))  # pylint: disable=protected-access
+    compressors.append((meta['compressor'] or {}).get('id'))
+    return await original(self, directory, *args, **kwargs)
+
+  monkeypatch.setattr(fakes.FakeHandler, 'async_save', async_save)
+  ckpt, fake = fakes.wrap(job, settings_lib.Settings(notices='off', compression=compression), interval=10)
+  ckpt.save_if_needed(10, STATE)  # Pax's interval
+  ckpt.save_if_needed(11, STATE)
+  fakes.preempt()
+  with pytest.raises(stops.Preempted, match='On-demand checkpoint of step 12 committed'):
+    ckpt.save_if_needed(12, STATE)
+  assert fake.orbax.attempts == [10, 12]
+  assert compressors == [interval_save, exit_save]

@@ -11,9 +11,11 @@ from praxis import base_layer
 from praxis import py_utils
 import pytest
 
+import experiments.bench  # registers the bench, soak and end-to-end models  # pylint: disable=unused-import
 import experiments.lm_cloud_autockpt  # registers the experiments  # pylint: disable=unused-import
 from pax_autockpt import coordination
 from pax_autockpt import executor as executor_lib
+from pax_autockpt import experiment_names
 from pax_autockpt.experiment import AutockptMixin
 
 PREFIX = 'experiments.lm_cloud_autockpt.'
@@ -33,7 +35,10 @@ NUM_CREATED = ExperimentImportsTest.create_test_methods_for_all_registered_exper
 def test_helper_covers_every_experiment_in_the_package():
   found = [k for k in experiment_registry.get_all() if k.startswith(PREFIX)]
   assert sorted(found) == sorted(PREFIX + n for n in NAMES)
-  assert NUM_CREATED == len(NAMES)
+  # Every module of the package is imported above: a new one left out would go unchecked by paxml's helper.
+  in_package = experiment_names.registered_in_sources('experiments')
+  assert sorted(k for k in experiment_registry.get_all() if k.startswith('experiments.')) == sorted(in_package)
+  assert NUM_CREATED == len(in_package)
 
 
 @pytest.mark.parametrize('name', NAMES)

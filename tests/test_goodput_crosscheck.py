@@ -79,7 +79,7 @@ class _Run:
     self.events.observer = self.recording.on_event
     self.t = validated + setup + restore  # the `start` event, once the restore is done
     self.events.write('start', t=T0 + self.t, num_hosts=1, pid=pid, restored_step=restored,
-                      restored_from=None if restored is None else 'bucket',
+                      restored_from=None if restored is None else 'job_dir',
                       **({} if restored is None else {'restore_s': restore}), process_start_t=T0 + process_start,
                       imported_s=imports, distributed_s=distributed)
     self.step = restored or 0

@@ -10,6 +10,7 @@ from pax_autockpt import events as events_lib
 from pax_autockpt import layout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUNTIME = ('pax_autockpt', os.path.join('pax_autockpt', 'local'))  # what a training process imports (not tools/)
 
 
 def _orbax_save(ckpt_dir: epath.Path, step: int, commit: bool = True) -> epath.Path:
@@ -189,12 +190,11 @@ def _imports(path):
 
 
 def test_a_training_process_never_imports_the_tools():
-  """pax_autockpt/*.py and experiments/ are what a training process runs; pax_autockpt/tools/ is the
-  command line and its tools, which may import the runtime but never the other way round."""
-  runtime = [os.path.join(ROOT, 'pax_autockpt', f) for f in os.listdir(os.path.join(ROOT, 'pax_autockpt'))
+  """pax_autockpt/*.py, pax_autockpt/local/ and experiments/ are what a training process runs;
+  pax_autockpt/tools/ is the command line and its tools, which may import the runtime but never the other way
+  round."""
+  runtime = [os.path.join(ROOT, d, f) for d in (*RUNTIME, 'experiments') for f in os.listdir(os.path.join(ROOT, d))
              if f.endswith('.py')]
-  runtime += [os.path.join(ROOT, 'experiments', f) for f in os.listdir(os.path.join(ROOT, 'experiments'))
-              if f.endswith('.py')]
   bad = {os.path.relpath(p, ROOT): m for p in runtime for m in _imports(p) if m.startswith('pax_autockpt.tools')}
   assert not bad, bad
 
@@ -218,7 +218,7 @@ def test_only_the_entry_points_and_the_executor_exit():
   for folder, _, files in os.walk(os.path.join(ROOT, 'pax_autockpt')):
     for f in (f for f in files if f.endswith('.py')):
       path = os.path.join(folder, f)
-      runtime = folder == os.path.join(ROOT, 'pax_autockpt')
+      runtime = os.path.relpath(folder, ROOT) in RUNTIME
       bad += [f'{os.path.relpath(path, ROOT)}:{line}' for line, as_script in _sys_exits(path)
               if not (f in exits_allowed if runtime else as_script)]
   assert not bad, bad

@@ -1,4 +1,4 @@
-"""Which local steps a restart may restore (pax_autockpt.lineage.refusal, pure) and how a run's lineage moves
+"""Which local steps a restart may restore (pax_autockpt.local.lineage.refusal, pure) and how a run's lineage moves
 as its job-directory saves start and commit."""
 
 import shutil
@@ -6,8 +6,8 @@ import shutil
 import pytest
 
 from pax_autockpt import layout
-from pax_autockpt import lineage as lineage_lib
 from pax_autockpt import settings as settings_lib
+from pax_autockpt.local import lineage as lineage_lib
 from tests import fakes
 
 Lineage = lineage_lib.Lineage

@@ -19,16 +19,16 @@ from pax_autockpt import agreement
 from pax_autockpt import events as events_lib
 from pax_autockpt import hosts
 from pax_autockpt import layout
-from pax_autockpt import lineage as lineage_lib
-from pax_autockpt import local_restore
-from pax_autockpt import local_saves
-from pax_autockpt import local_tier
 from pax_autockpt import restore as restore_lib
 from pax_autockpt import settings as settings_lib
+from pax_autockpt.local import format as local_format
+from pax_autockpt.local import lineage as lineage_lib
+from pax_autockpt.local import restoring
+from pax_autockpt.local import saving
 from tests import fakes
 
-HostReport, Plan = local_restore.HostReport, local_restore.Plan
-JOB = local_restore.JobState('job-a', committed=[], set_aside=[])  # a job directory with no checkpoint yet
+HostReport, Plan = restoring.HostReport, restoring.Plan
+JOB = restoring.JobState('job-a', committed=[], set_aside=[])  # a job directory with no checkpoint yet
 LINEAGE = lineage_lib.Lineage('job-a', 'run-1', base=None)
 P = jax.sharding.PartitionSpec
 
@@ -54,25 +54,25 @@ class _Input:
 
 
 def _save(folder, step, state, pipeline=None, hosts=1, lineage=LINEAGE):
-  snap = local_tier.capture(state, pipeline)
-  partial, arrays = local_tier.write_part(folder, step, snap)
-  return local_tier.commit(partial, local_tier.index(step, 0, hosts, local_tier.fingerprint_of(snap), arrays,
-                                                     {0: snap.input_state}, None, lineage))
+  snap = local_format.capture(state, pipeline)
+  partial, arrays = local_format.write_part(folder, step, snap)
+  return local_format.commit(partial, local_format.index(step, 0, hosts, local_format.fingerprint_of(snap), arrays,
+                                                         {0: snap.input_state}, None, lineage))
 
 
 def test_a_saved_step_reads_back_bit_exact_on_the_same_mesh_with_its_input_position(tmp_path):
   mesh, state, specs = _state()
   _save(tmp_path, 12, state, _Input(12))
   shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
-  restore = local_restore.LocalRestore(tmp_path, host=0, hosts=1)
+  restore = restoring.LocalRestore(tmp_path, host=0, hosts=1)
   back, position = restore.load(12, shapes, mesh, specs)
   for name, x in state.items():
     assert back[name].dtype == x.dtype and back[name].sharding == x.sharding
     assert np.asarray(back[name]).tobytes() == np.asarray(x).tobytes(), name  # -0.0 stays -0.0
   assert json.loads(position) == 12  # set by the restore once every host read its part
   # What a restart on this mesh needs is what this host saved: the fingerprints match.
-  assert local_tier.fingerprint_for(shapes, mesh, specs) == local_tier.read_index(layout.local_step_dir(tmp_path, 12))[
-      'fingerprint']
+  saved = local_format.read_index(layout.local_step_dir(tmp_path, 12))['fingerprint']
+  assert local_format.fingerprint_for(shapes, mesh, specs) == saved
 
 
 def test_a_flipped_byte_or_a_lost_index_is_damage_and_the_step_is_not_offered(tmp_path):
@@ -84,10 +84,10 @@ def test_a_flipped_byte_or_a_lost_index_is_damage_and_the_step_is_not_offered(tm
   data[3] ^= 1
   shards.write_bytes(bytes(data))
   (layout.local_step_dir(tmp_path, 20) / layout.LOCAL_INDEX).write_text('{"format": 1, "ha')
-  with pytest.raises(local_tier.LocalDamage, match='does not match its digest'):
+  with pytest.raises(local_format.LocalDamage, match='does not match its digest'):
     path = layout.local_step_dir(tmp_path, 30)
-    local_tier.read_shards(path, local_tier.read_index(path))
-  assert list(local_restore.LocalRestore(tmp_path, host=0, hosts=1).usable_steps(needs_input=False, job=JOB)) == [10]
+    local_format.read_shards(path, local_format.read_index(path))
+  assert list(restoring.LocalRestore(tmp_path, host=0, hosts=1).usable_steps(needs_input=False, job=JOB)) == [10]
   assert layout.local_step_dir(tmp_path, 30).exists()  # left where it is: never deleted on a restart
 
 
@@ -97,13 +97,13 @@ def test_a_step_copied_under_another_steps_name_is_not_that_step(tmp_path, caplo
   mesh, state, specs = _state()
   _save(tmp_path, 100, state)
   shutil.copytree(layout.local_step_dir(tmp_path, 100), layout.local_step_dir(tmp_path, 200))
-  restore = local_restore.LocalRestore(tmp_path, host=0, hosts=1)
+  restore = restoring.LocalRestore(tmp_path, host=0, hosts=1)
   assert list(restore.usable_steps(needs_input=False, job=JOB)) == [100]
   refused = [r.getMessage() for r in caplog.records if 'local step 200 is not offered' in r.getMessage()]
   assert len(refused) == 1, refused
   assert "step_00000200: its index is step 100's (a copy under another step's name)" in refused[0]
   shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
-  with pytest.raises(local_tier.LocalDamage, match="its index is step 100's"):
+  with pytest.raises(local_format.LocalDamage, match="its index is step 100's"):
     restore.load(200, shapes, mesh, specs)
   assert layout.local_step_dir(tmp_path, 200).exists()  # left where it is
 
@@ -111,14 +111,14 @@ def test_a_step_copied_under_another_steps_name_is_not_that_step(tmp_path, caplo
 def test_a_half_written_step_is_never_listed_and_the_next_commit_removes_older_leftovers(tmp_path):
   _, state, _ = _state()
   _save(tmp_path, 10, state)
-  snap = local_tier.capture(state)
-  local_tier.write_part(tmp_path, 40, snap)  # killed before the commit
+  snap = local_format.capture(state)
+  local_format.write_part(tmp_path, 40, snap)  # killed before the commit
   assert layout.local_committed_steps(tmp_path) == [10]
   assert [(s, p.name) for s, p in layout.local_partials(tmp_path)] == [(40, 'step_00000040.partial')]
-  assert list(local_restore.LocalRestore(tmp_path, host=0, hosts=1).usable_steps(needs_input=False, job=JOB)) == [10]
+  assert list(restoring.LocalRestore(tmp_path, host=0, hosts=1).usable_steps(needs_input=False, job=JOB)) == [10]
   # Continuous local saves (one host), keep 2: the newest two stay, the older leftover goes with them.
-  saves = local_saves.LocalSaves(tmp_path, min_interval_secs=0, keep=2, events=events_lib.EventLog(tmp_path / 'job', 0),
-                                 lineage=lineage_lib.Tracker('job-a', 'run-2'))
+  saves = saving.LocalSaves(tmp_path, min_interval_secs=0, keep=2, events=events_lib.EventLog(tmp_path / 'job', 0),
+                            lineage=lineage_lib.Tracker('job-a', 'run-2'))
   for step in (50, 60, 70):
     saves.maybe_save(step, state, _Input(step))
     saves._thread.join()  # pylint: disable=protected-access
@@ -126,15 +126,15 @@ def test_a_half_written_step_is_never_listed_and_the_next_commit_removes_older_l
   assert layout.local_committed_steps(tmp_path) == [60, 70] and layout.local_partials(tmp_path) == []
   events = [e for e in events_lib.read(tmp_path / 'job') if e['event'] == 'local_committed']
   assert [(e['step'], e['commits']) for e in events] == [(50, 1), (70, 2)]
-  index = local_tier.read_index(layout.local_step_dir(tmp_path, 70))
-  assert local_tier.input_state(index, 0) == b'70' and index['hosts'] == 1
+  index = local_format.read_index(layout.local_step_dir(tmp_path, 70))
+  assert local_format.input_state(index, 0) == b'70' and index['hosts'] == 1
 
 
 def test_steps_without_every_hosts_input_position_or_for_another_number_of_hosts_are_not_offered(tmp_path):
   _, state, _ = _state()
   _save(tmp_path, 10, state)  # no input position
   _save(tmp_path, 20, state, _Input(20), hosts=2)
-  listing = local_restore.LocalRestore(tmp_path, host=0, hosts=1)
+  listing = restoring.LocalRestore(tmp_path, host=0, hosts=1)
   assert list(listing.usable_steps(needs_input=False, job=JOB)) == [10]
   assert list(listing.usable_steps(needs_input=True, job=JOB)) == []
 
@@ -142,51 +142,51 @@ def test_steps_without_every_hosts_input_position_or_for_another_number_of_hosts
 def test_the_plan_takes_the_newest_step_every_host_can_restore_from_its_own_copy_or_a_replicas():
   reports = {0: HostReport('A', {100: ('A', 'j/r'), 200: ('A', 'j/r')}), 1: HostReport('A', {100: ('A', 'j/r')})}
   from_0 = Plan(200, {0: 0, 1: 0}, {1: ((0, False),)})  # host 1 from host 0
-  assert local_restore.choose(reports, 2, bucket_step=50) == from_0
-  assert local_restore.choose(reports, 2, bucket_step=None) == from_0
+  assert restoring.choose(reports, 2, job_dir_step=50) == from_0
+  assert restoring.choose(reports, 2, job_dir_step=None) == from_0
   # A replaced VM (empty disk) is filled by a replica; a host holding other shards cannot fill it.
   replaced = {0: HostReport('A', {200: ('A', 'j/r')}), 1: HostReport('A', {})}
-  assert local_restore.choose(replaced, 2, None).filled == {1: 0}
+  assert restoring.choose(replaced, 2, None).filled == {1: 0}
   sharded = {0: HostReport('A', {200: ('A', 'j/r')}), 1: HostReport('B', {})}
-  assert local_restore.choose(sharded, 2, None) is None
+  assert restoring.choose(sharded, 2, None) is None
   # 2 slices of 2: hosts 0/2 and 1/3 are replicas; each missing host takes its own replica's copy.
   slices = {0: HostReport('A', {300: ('A', 'j/r')}), 1: HostReport('B', {}), 2: HostReport('A', {}),
             3: HostReport('B', {300: ('B', 'j/r')})}
-  assert local_restore.choose(slices, 4, 100) == Plan(300, {0: 0, 1: 3, 2: 0, 3: 3},
-                                                      {1: ((3, False),), 2: ((0, False),)})
+  assert restoring.choose(slices, 4, 100) == Plan(300, {0: 0, 1: 3, 2: 0, 3: 3},
+                                                  {1: ((3, False),), 2: ((0, False),)})
 
 
 def test_a_host_without_a_replica_restores_the_buddy_copy_a_peer_keeps_for_it_after_any_replicas():
   # One slice, no replica: host 1's disk was replaced; host 0 keeps host 1's newest step (buddy copies).
   reports = {0: HostReport('A', {300: ('A', 'j/r')}, buddy={300: ('B', 'j/r')}), 1: HostReport('B', {})}
-  plan = local_restore.choose(reports, 2, 200)
+  plan = restoring.choose(reports, 2, 200)
   assert plan == Plan(300, {0: 0, 1: 0}, {1: ((0, True),)}) and plan.from_buddy == {1}
   # A buddy copy of another save (another lineage), or of other shards, is no source.
   other = {0: HostReport('A', {300: ('A', 'j/r')}, buddy={300: ('B', 'j/other')}), 1: HostReport('B', {})}
-  assert local_restore.choose(other, 2, None) is None
+  assert restoring.choose(other, 2, None) is None
   # 2 slices of 2 with replicas and buddies: a replica's own copy first, then a buddy copy; a host never its own
   # buddy. Both are listed, so that a donor that dies mid-transfer sends the receiver to the next.
   both = {0: HostReport('A', {300: ('A', 'j/r')}, buddy={300: ('B', 'j/r')}), 1: HostReport('B', {}),
           2: HostReport('A', {300: ('A', 'j/r')}), 3: HostReport('B', {300: ('B', 'j/r')}, buddy={300: ('A', 'j/r')})}
-  plan = local_restore.choose(both, 4, None)
+  plan = restoring.choose(both, 4, None)
   assert plan.sources == {1: ((3, False), (0, True))} and plan.from_buddy == set()
   # A host that holds both a replica's copy and a buddy copy of the same shards is listed once.
   both[3] = HostReport('B', {300: ('B', 'j/r')}, buddy={300: ('B', 'j/r')})
-  assert local_restore.choose(both, 4, None).sources == {1: ((3, False), (0, True))}
+  assert restoring.choose(both, 4, None).sources == {1: ((3, False), (0, True))}
   # A step only some buddy copies hold is still a candidate when every host can be served.
   lost = {0: HostReport('A', {}, buddy={300: ('B', 'j/r')}), 1: HostReport('B', {300: ('B', 'j/r')},
                                                                           buddy={300: ('A', 'j/r')})}
-  assert local_restore.choose(lost, 2, None) == Plan(300, {0: 1, 1: 1}, {0: ((1, True),)})
+  assert restoring.choose(lost, 2, None) == Plan(300, {0: 1, 1: 1}, {0: ((1, True),)})
 
 
-def test_the_bucket_wins_when_it_is_newer_or_a_host_did_not_report():
+def test_the_job_directory_wins_when_it_is_newer_or_a_host_did_not_report():
   reports = {0: HostReport('A', {100: ('A', 'j/r')}), 1: HostReport('A', {100: ('A', 'j/r')})}
-  assert local_restore.choose(reports, 2, bucket_step=150) is None
-  assert local_restore.choose(reports, 2, bucket_step=100) == Plan(100, {0: 0, 1: 1})  # as new: the faster read
-  assert local_restore.choose({0: reports[0]}, 2, bucket_step=None) is None
-  # A config slip changes what every host needs: no local step fits, the bucket's restore judges the run.
+  assert restoring.choose(reports, 2, job_dir_step=150) is None
+  assert restoring.choose(reports, 2, job_dir_step=100) == Plan(100, {0: 0, 1: 1})  # as new: the faster read
+  assert restoring.choose({0: reports[0]}, 2, job_dir_step=None) is None
+  # A config slip changes what every host needs: no local step fits, the job directory's restore judges the run.
   slipped = HostReport('C', {100: ('A', 'j/r')})
-  assert local_restore.choose({0: slipped, 1: slipped}, 2, None) is None
+  assert restoring.choose({0: slipped, 1: slipped}, 2, None) is None
 
 
 def test_reports_travel_as_text():
@@ -216,13 +216,13 @@ def test_every_byte_of_the_index_is_checked_a_changed_input_position_or_field_is
   found = json.loads(index_of[20].read_text())
   del found['arrays'][next(iter(found['arrays']))]['shards']  # a missing field, digest made to match
   body = {k: v for k, v in found.items() if k != 'digest'}
-  index_of[20].write_text(json.dumps({**body, 'digest': local_tier._digest(body)}))  # pylint: disable=protected-access
-  with pytest.raises(local_tier.LocalDamage, match='does not match its digest'):
-    local_tier.read_index(layout.local_step_dir(tmp_path, 30))
-  with pytest.raises(local_tier.LocalDamage, match='KeyError'):
+  index_of[20].write_text(json.dumps({**body, 'digest': local_format._digest(body)}))  # pylint: disable=protected-access
+  with pytest.raises(local_format.LocalDamage, match='does not match its digest'):
+    local_format.read_index(layout.local_step_dir(tmp_path, 30))
+  with pytest.raises(local_format.LocalDamage, match='KeyError'):
     path = layout.local_step_dir(tmp_path, 20)
-    local_tier.read_shards(path, local_tier.read_index(path))
-  assert list(local_restore.LocalRestore(tmp_path, host=0, hosts=1).usable_steps(needs_input=True, job=JOB)) == [10]
+    local_format.read_shards(path, local_format.read_index(path))
+  assert list(restoring.LocalRestore(tmp_path, host=0, hosts=1).usable_steps(needs_input=True, job=JOB)) == [10]
 
 
 def test_steps_of_another_job_or_a_rolled_back_lineage_are_named_and_left_where_they_are(tmp_path, caplog):
@@ -230,8 +230,8 @@ def test_steps_of_another_job_or_a_rolled_back_lineage_are_named_and_left_where_
   _save(tmp_path, 500, state, lineage=lineage_lib.Lineage('job-a', 'r1', base=300))
   _save(tmp_path, 623, state, lineage=lineage_lib.Lineage('job-a', 'r1', base=600))
   _save(tmp_path, 700, state, lineage=lineage_lib.Lineage('job-b', 'r9', base=None))
-  job = local_restore.JobState('job-a', committed=[0, 300], set_aside=[])
-  assert list(local_restore.LocalRestore(tmp_path, host=0, hosts=1).usable_steps(False, job)) == [500]
+  job = restoring.JobState('job-a', committed=[0, 300], set_aside=[])
+  assert list(restoring.LocalRestore(tmp_path, host=0, hosts=1).usable_steps(False, job)) == [500]
   assert 'local step 700 is not offered for the restore: written by another job' in caplog.text
   assert 'local step 623 is not offered for the restore: it grew from checkpoint 600' in caplog.text
   assert layout.local_committed_steps(tmp_path) == [500, 623, 700]
@@ -242,10 +242,10 @@ def test_a_step_is_restored_only_from_copies_of_one_save():
   # halves do not make one state, so 200 is not planned, 100 is.
   reports = {0: HostReport('A', {100: ('A', 'j/r1'), 200: ('A', 'j/r2')}),
              1: HostReport('B', {100: ('B', 'j/r1'), 200: ('B', 'j/r1')})}
-  assert local_restore.choose(reports, 2, None) == Plan(100, {0: 0, 1: 1})
+  assert restoring.choose(reports, 2, None) == Plan(100, {0: 0, 1: 1})
   # Replicas: either save's copies make a whole state; the first token's serves every host.
   reports = {0: HostReport('A', {200: ('A', 'j/r2')}), 1: HostReport('A', {200: ('A', 'j/r1')})}
-  assert local_restore.choose(reports, 2, None) == Plan(200, {0: 1, 1: 1}, {0: ((1, False),)})
+  assert restoring.choose(reports, 2, None) == Plan(200, {0: 1, 1: 1}, {0: ((1, False),)})
 
 
 def _hosts_plan(restores, jobs, needs):
@@ -262,7 +262,7 @@ def _hosts_plan(restores, jobs, needs):
   def run(host):
     plans[host] = restores[host].plan(needs, jobs[host], needs_input=False)
 
-  with mock.patch.object(local_restore.agreement, 'reports', reports):
+  with mock.patch.object(restoring.agreement, 'reports', reports):
     threads = [threading.Thread(target=run, args=(h,)) for h in range(len(restores))]
     for thread in threads:
       thread.start()
@@ -279,10 +279,10 @@ def test_a_step_refused_on_one_host_is_refused_on_every_host(tmp_path, caplog):
   grown = lineage_lib.Lineage('job-a', 'run-1', base=1000, started=(2000,))
   for host in (0, 1):
     step_dir = _save(tmp_path / f'local-{host}', 2400, state, hosts=2, lineage=grown)
-  needs = local_tier.read_index(step_dir)['fingerprint']
-  restores = [local_restore.LocalRestore(tmp_path / f'local-{h}', host=h, hosts=2) for h in (0, 1)]
-  jobs = [local_restore.JobState('job-a', [1000], [], ever_committed=frozenset(seen)) for seen in ({1000, 2000},
-                                                                                                   {1000})]
+  needs = local_format.read_index(step_dir)['fingerprint']
+  restores = [restoring.LocalRestore(tmp_path / f'local-{h}', host=h, hosts=2) for h in (0, 1)]
+  jobs = [restoring.JobState('job-a', [1000], [], ever_committed=frozenset(seen)) for seen in ({1000, 2000},
+                                                                                               {1000})]
   assert _hosts_plan(restores, jobs, needs) == {0: None, 1: None}
   assert 'local step 2400 is not offered for the restore: host 0 refused it' in caplog.text
   # Neither host refusing, host 0's copy gone: host 0 restores 2400 from host 1's.
@@ -302,27 +302,27 @@ def test_a_retrained_checkpoint_number_neither_keeps_nor_restores_the_rolled_bac
   _save(tmp_path / 'left', 2400, state, lineage=grown)
   _save(tmp_path, 2400, state, lineage=grown)
   _save(layout.local_buddy_dir(tmp_path), 2400, state, lineage=grown)
-  saves = local_saves.LocalSaves(tmp_path, min_interval_secs=0, keep=1, events=events_lib.EventLog(tmp_path / 'job', 0),
-                                 lineage=lineage_lib.Tracker('job-a', 'run-2'))
+  saves = saving.LocalSaves(tmp_path, min_interval_secs=0, keep=1, events=events_lib.EventLog(tmp_path / 'job', 0),
+                            lineage=lineage_lib.Tracker('job-a', 'run-2'))
   saves.maybe_save(2100, state)
   saves._thread.join()  # pylint: disable=protected-access
   assert layout.local_committed_steps(tmp_path) == [2100]
-  job = local_restore.JobState('job-a', [1000, 2000], [], frozenset({1000, 2000}),
-                               {1000: ('run-0-1000',), 2000: ('run-1-2000', 'run-2-2000')})
-  assert local_restore.LocalRestore(tmp_path / 'left', host=0, hosts=1).usable_steps(False, job) == {}
+  job = restoring.JobState('job-a', [1000, 2000], [], frozenset({1000, 2000}),
+                           {1000: ('run-0-1000',), 2000: ('run-1-2000', 'run-2-2000')})
+  assert restoring.LocalRestore(tmp_path / 'left', host=0, hosts=1).usable_steps(False, job) == {}
 
 
 def test_local_saves_keep_this_runs_newest_and_remove_every_other_step(tmp_path):
   _, state, _ = _state()
   _save(tmp_path, 900, state, lineage=lineage_lib.Lineage('job-b', 'r9', base=None))  # another job's, newer
-  saves = local_saves.LocalSaves(tmp_path, min_interval_secs=0, keep=2, events=events_lib.EventLog(tmp_path / 'job', 0),
-                                 lineage=lineage_lib.Tracker('job-a', 'r2'))
+  saves = saving.LocalSaves(tmp_path, min_interval_secs=0, keep=2, events=events_lib.EventLog(tmp_path / 'job', 0),
+                            lineage=lineage_lib.Tracker('job-a', 'r2'))
   for step in (50, 60, 70):
     saves.maybe_save(step, state)
     saves._thread.join()  # pylint: disable=protected-access
     assert 900 not in layout.local_committed_steps(tmp_path)  # never in the way of this run's saves
   assert layout.local_committed_steps(tmp_path) == [60, 70]
-  assert local_tier.lineage_of(local_tier.read_index(layout.local_step_dir(tmp_path, 70))).token == 'job-a/r2'
+  assert local_format.lineage_of(local_format.read_index(layout.local_step_dir(tmp_path, 70))).token == 'job-a/r2'
   # A buddy copy of the neighbour's step 70 (of this run) that lags behind: this host's own step 70 stays with it
   # (the two halves of one state), beyond the newest 2.
   _save(layout.local_buddy_dir(tmp_path), 70, state, lineage=lineage_lib.Lineage('job-a', 'r2', base=None))
@@ -332,17 +332,36 @@ def test_local_saves_keep_this_runs_newest_and_remove_every_other_step(tmp_path)
   assert layout.local_committed_steps(tmp_path) == [70, 80, 90]
 
 
+def test_one_prune_rule_for_own_steps_and_buddy_copies_and_a_copy_in_flight_stays(tmp_path):
+  """local.format.prune: every step entry but the kept ones goes (a host's own steps); with `partials_from`
+  (the buddy copy) a `.partial` of that step or newer is a copy in flight, which its next fetch resumes."""
+  folders = ['step_00000010', 'step_00000020', 'step_00000005.partial', 'step_00000030.partial',
+             'step_00000020.replaced.partial', 'buddy']
+  left = {}
+  for partials_from in (None, 20):
+    folder = tmp_path / str(partials_from)
+    for name in folders:
+      (folder / name).mkdir(parents=True)
+    for name in ('autockpt.lock', 'step_junk'):
+      (folder / name).write_text('')
+    local_format.prune(folder, {20}, partials_from=partials_from)
+    left[partials_from] = sorted(p.name for p in folder.iterdir())
+  assert left[None] == ['autockpt.lock', 'buddy', 'step_00000020']
+  assert left[20] == ['autockpt.lock', 'buddy', 'step_00000020', 'step_00000020.replaced.partial',
+                      'step_00000030.partial']
+
+
 def test_an_unset_interval_sets_itself_from_the_last_save_and_a_set_one_wins(tmp_path, caplog):
   """Unset, a local save waits 20x the previous one's cost (at least 1 s): ~5% of the run's time, not back to
   back; the first save is the measurement. The cadence is one log line per run; docs/settings.md says the same."""
   caplog.set_level('INFO')
-  assert (local_saves.auto_interval(0.01), local_saves.auto_interval(0.5)) == (1.0, 10.0)
+  assert (saving.auto_interval(0.01), saving.auto_interval(0.5)) == (1.0, 10.0)
   doc = settings_lib.FIELDS['local_min_interval_secs'].metadata['doc']
-  assert f'{local_saves.AUTO_FACTOR:.0f}x' in doc and f'at least {local_saves.AUTO_FLOOR_SECS:.0f} s' in doc
+  assert f'{saving.AUTO_FACTOR:.0f}x' in doc and f'at least {saving.AUTO_FLOOR_SECS:.0f} s' in doc
   _, state, _ = _state()
-  saves = local_saves.LocalSaves(tmp_path, min_interval_secs=None, keep=2,
-                                 events=events_lib.EventLog(tmp_path / 'job', 0),
-                                 lineage=lineage_lib.Tracker('job-a', 'r'))
+  saves = saving.LocalSaves(tmp_path, min_interval_secs=None, keep=2,
+                            events=events_lib.EventLog(tmp_path / 'job', 0),
+                            lineage=lineage_lib.Tracker('job-a', 'r'))
   assert saves._due(50)  # pylint: disable=protected-access
   saves.maybe_save(50, state)
   saves._thread.join()  # pylint: disable=protected-access
@@ -353,9 +372,9 @@ def test_an_unset_interval_sets_itself_from_the_last_save_and_a_set_one_wins(tmp
     assert saves._due(60) is due  # pylint: disable=protected-access
   lines = [r.getMessage() for r in caplog.records if 'a local save at most every' in r.getMessage()]
   assert len(lines) == 1 and "20x the last save's duration, at least 1 s" in lines[0], lines
-  back_to_back = local_saves.LocalSaves(tmp_path / 'b', min_interval_secs=0, keep=2,
-                                        events=events_lib.EventLog(tmp_path / 'job', 0),
-                                        lineage=lineage_lib.Tracker('job-a', 'r'))
+  back_to_back = saving.LocalSaves(tmp_path / 'b', min_interval_secs=0, keep=2,
+                                   events=events_lib.EventLog(tmp_path / 'job', 0),
+                                   lineage=lineage_lib.Tracker('job-a', 'r'))
   back_to_back._cost, back_to_back._last_start = 5.0, time.monotonic()  # pylint: disable=protected-access
   assert back_to_back._due(60)  # pylint: disable=protected-access
 
@@ -366,12 +385,13 @@ def test_a_published_copy_is_released_from_the_coordination_service(tmp_path):
   port = hosts.free_loopback_port()
   code = textwrap.dedent(f'''
       import jax
-      from pax_autockpt import coordination, local_restore
+      from pax_autockpt import coordination
+      from pax_autockpt.local import restoring
       jax.distributed.initialize('127.0.0.1:{port}', num_processes=1, process_id=0)
       client = coordination.client()
       for key in ('fill/1/7/0/chunk/0', 'fill/1/7/0/chunk/1', 'fill/1/7/0/index', 'fill/1/7/1/index'):
         client.key_value_set(key, 'x')
-      local_restore._release(client, 'fill/1/7/0')
+      restoring._release(client, 'fill/1/7/0')
       print(sorted(k for k, _ in client.key_value_dir_get('fill/')))
   ''')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120, check=False)
@@ -382,10 +402,10 @@ def test_a_week_of_commits_a_second_is_a_bounded_event_log(tmp_path, monkeypatch
   """604,800 commits (one a second for a week) on a fake clock: one event for the run's first, then one a
   minute, and their counts add up to every commit."""
   clock = [0.0]
-  monkeypatch.setattr(local_saves.time, 'monotonic', lambda: clock[0])
-  monkeypatch.setattr(local_saves, '_log_line', lambda window: None)  # the log's cadence: the next test
+  monkeypatch.setattr(saving.time, 'monotonic', lambda: clock[0])
+  monkeypatch.setattr(saving, '_log_line', lambda window: None)  # the log's cadence: the next test
   monkeypatch.setattr(events_lib.os, 'fsync', lambda fd: None)  # 10,081 fsyncs took 27 s; not what is tested
-  summary = local_saves.CommitSummary(events_lib.EventLog(tmp_path, 0))
+  summary = saving.CommitTally(events_lib.EventLog(tmp_path, 0))
   for step in range(7 * 24 * 3600):
     clock[0] = float(step)
     summary.add(step, 0.01, 100)
@@ -399,9 +419,9 @@ def test_the_log_sums_up_local_commits_every_ten_seconds(tmp_path, monkeypatch):
   """A reader of the log sees the tier working: the run's first commit, then one line per 10 s with the
   commits, their rate and the newest step (not one line a minute, which reads as a stopped tier)."""
   clock, lines = [0.0], []
-  monkeypatch.setattr(local_saves.time, 'monotonic', lambda: clock[0])
-  monkeypatch.setattr(local_saves.logging, 'info', lambda fmt, *args: lines.append(fmt % args))
-  summary = local_saves.CommitSummary(events_lib.EventLog(tmp_path, 0))
+  monkeypatch.setattr(saving.time, 'monotonic', lambda: clock[0])
+  monkeypatch.setattr(saving.logging, 'info', lambda fmt, *args: lines.append(fmt % args))
+  summary = saving.CommitTally(events_lib.EventLog(tmp_path, 0))
   for step in range(0, 60, 2):  # a commit every 2 s for a minute
     clock[0] = float(step)
     summary.add(step, 0.01, 2_000_000)
@@ -416,11 +436,12 @@ _FILL = '''
 import json, logging, sys, time
 import jax
 logging.basicConfig(level=logging.INFO)  # absl's lines through Python's root logger, on stderr
-from pax_autockpt import coordination, local_restore
+from pax_autockpt import coordination
+from pax_autockpt.local import restoring
 host, port, folder = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 jax.distributed.initialize('127.0.0.1:' + port, num_processes=2, process_id=host)
-restore = local_restore.LocalRestore(folder, host=host, hosts=2)
-ok = restore.fill(local_restore.Plan(step=12, donors={0: 0, 1: 0}, sources={1: ((0, False),)}))
+restore = restoring.LocalRestore(folder, host=host, hosts=2)
+ok = restore.fill(restoring.Plan(step=12, donors={0: 0, 1: 0}, sources={1: ((0, False),)}))
 def listed():
   return sorted(k for k, _ in coordination.client().key_value_dir_get(coordination.LOCAL_RESTORE + 'fill/'))
 deadline = time.time() + 30  # the donor deletes its address and secret once its transfer is done
@@ -453,7 +474,8 @@ _BUDDY = '''
 import json, logging, shutil, sys, time
 import jax
 logging.basicConfig(level=logging.INFO)  # absl's lines through Python's root logger, on stderr
-from pax_autockpt import buddy, coordination, layout, local_restore
+from pax_autockpt import coordination, layout
+from pax_autockpt.local import buddy, restoring
 host, port, folder, needs = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 jax.distributed.initialize('127.0.0.1:' + port, num_processes=2, process_id=host)
 client = coordination.client()
@@ -467,8 +489,8 @@ for h in (0, 1):
   client.blocking_key_value_get(f'test/copied/{h}', 60000)
 if host == 1:
   shutil.rmtree(folder)  # the VM replaced: its disk, and the buddy copy it kept, gone
-restore = local_restore.LocalRestore(folder, host=host, hosts=2)
-plan = restore.plan(needs, local_restore.JobState('job-a', committed=[], set_aside=[]), needs_input=False)
+restore = restoring.LocalRestore(folder, host=host, hosts=2)
+plan = restore.plan(needs, restoring.JobState('job-a', committed=[], set_aside=[]), needs_input=False)
 ok = plan is not None and restore.fill(plan)
 sources = plan and {str(h): s for h, s in plan.sources.items()}
 print(json.dumps({'ok': ok, 'step': plan and plan.step, 'sources': sources}), flush=True)
@@ -508,7 +530,7 @@ def test_buddy_copies_let_a_host_without_a_replica_that_lost_its_disk_restore_th
     (1, 1, [None]), (2, 1, [1, 0]), (3, 1, [1, 2, 0]), (4, 2, [2, 3, 0, 1]), (4, 4, [1, 2, 3, 0]),
     (6, 4, [1, 2, 3, 4, 5, 0])])
 def test_a_hosts_keeper_is_the_same_host_of_the_next_slice_else_the_next_host(hosts_, slices, keepers):
-  from pax_autockpt import buddy  # pylint: disable=g-import-not-at-top
+  from pax_autockpt.local import buddy  # pylint: disable=g-import-not-at-top
   assert [buddy.keeper(h, hosts_, slices) for h in range(hosts_)] == keepers
   if hosts_ > 1:
     assert [buddy.owner(k, hosts_, slices) for k in keepers] == list(range(hosts_))
@@ -518,20 +540,20 @@ _KILLED = '''
 import json, logging, sys, time
 import jax
 logging.basicConfig(level=logging.INFO)
-from pax_autockpt import local_restore, peer_transfer
+from pax_autockpt.local import peer, restoring
 host, port, folder = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 if host == 2:  # the buddy copy's keeper serves slowly: the test SIGKILLs it mid-part
-  stream = peer_transfer._Handler._stream
+  stream = peer._Handler._stream
   def slow(self, f, length):
     while length > 0:
-      n = min(length, peer_transfer.BUFFER_BYTES)
+      n = min(length, peer.BUFFER_BYTES)
       stream(self, f, n)
       length -= n
       time.sleep(0.05)
-  peer_transfer._Handler._stream = slow
+  peer._Handler._stream = slow
 jax.distributed.initialize('127.0.0.1:' + port, num_processes=3, process_id=host)
-restore = local_restore.LocalRestore(folder, host=host, hosts=3)
-plan = local_restore.Plan(step=12, donors={0: 0, 1: 0, 2: 2}, sources={1: ((0, False), (2, True))})
+restore = restoring.LocalRestore(folder, host=host, hosts=3)
+plan = restoring.Plan(step=12, donors={0: 0, 1: 0, 2: 2}, sources={1: ((0, False), (2, True))})
 if host == 1:  # both donors serving before it asks: the parallel path, not the first donor alone
   from pax_autockpt import coordination
   coordination.client().blocking_key_value_get('autockpt/local-restore/fill/0/12/2/1/peer', 60000)
@@ -585,7 +607,7 @@ def _bounds(monkeypatch, stall=STALL, beat=0.05):
 
 def _hashing(monkeypatch, host, pause=None, stall=None):
   """Host `host`'s shard digests take `pause` s each (a large share on a slow disk), or wait for `stall`."""
-  real = local_tier.xxhash.xxh3_64
+  real = local_format.xxhash.xxh3_64
 
   def digest(data):
     if threading.current_thread().name == f'host-{host}':
@@ -594,7 +616,7 @@ def _hashing(monkeypatch, host, pause=None, stall=None):
       time.sleep(pause or 0)
     return real(data)
 
-  monkeypatch.setattr(local_tier.xxhash, 'xxh3_64', digest)
+  monkeypatch.setattr(local_format.xxhash, 'xxh3_64', digest)
 
 
 def _many_arrays(tmp_path, hosts_):
@@ -604,7 +626,7 @@ def _many_arrays(tmp_path, hosts_):
            for i in range(40)}
   for host in hosts_:
     step_dir = _save(tmp_path / f'local-{host}', 12, state, hosts=3)
-  return local_tier.read_index(step_dir)['fingerprint']
+  return local_format.read_index(step_dir)['fingerprint']
 
 
 def test_a_host_that_reads_slowly_but_keeps_moving_keeps_the_others_at_the_plan(tmp_path, monkeypatch):
@@ -613,7 +635,7 @@ def test_a_host_that_reads_slowly_but_keeps_moving_keeps_the_others_at_the_plan(
   _bounds(monkeypatch)
   needs = _many_arrays(tmp_path, (0, 1))
   _hashing(monkeypatch, 0, pause=STALL / 10)
-  restores = [local_restore.LocalRestore(tmp_path / f'local-{h}', host=h, hosts=3) for h in range(3)]
+  restores = [restoring.LocalRestore(tmp_path / f'local-{h}', host=h, hosts=3) for h in range(3)]
   plans, _ = fakes.as_hosts(monkeypatch, 3, lambda h: restores[h].plan(needs, JOB, needs_input=False))
   assert plans[0] == plans[1] == plans[2] == Plan(12, {0: 0, 1: 1, 2: 0}, {2: ((0, False), (1, False))}), plans
 
@@ -628,10 +650,10 @@ def test_a_host_that_stops_moving_sends_every_host_to_the_job_directory_with_one
   needs = _many_arrays(tmp_path, (0, 1, 2))
   stuck = threading.Event()
   _hashing(monkeypatch, 2, stall=stuck)
-  monkeypatch.setattr(local_tier, 'fingerprint_for', lambda *args: needs)
+  monkeypatch.setattr(local_format, 'fingerprint_for', lambda *args: needs)
 
   def restore(h):
-    local = local_restore.LocalRestore(tmp_path / f'local-{h}', host=h, hosts=3)
+    local = restoring.LocalRestore(tmp_path / f'local-{h}', host=h, hosts=3)
     restorer = restore_lib.Restorer(fakes.FakePaxCheckpointer(tmp_path / f'job-{h}'),
                                     events=events_lib.EventLog(tmp_path / f'job-{h}', h), checksums=False,
                                     retry_secs=0, set_aside=lambda step: None, local=local, local_job='job-a')

@@ -19,11 +19,11 @@ from pax_autockpt import events as events_lib
 from pax_autockpt import executor as executor_lib
 from pax_autockpt import experiment_names
 from pax_autockpt import layout
-from pax_autockpt import lineage as lineage_lib
-from pax_autockpt import local_lock
-from pax_autockpt import local_saves
 from pax_autockpt import precheck
 from pax_autockpt import settings as settings_lib
+from pax_autockpt.local import lineage as lineage_lib
+from pax_autockpt.local import lock
+from pax_autockpt.local import saving
 from tests import fakes
 
 SHARE = 256 * 1024  # bytes of one step's shards: 64 pages of a tmpfs
@@ -31,8 +31,8 @@ PAGE = 4096
 
 
 def _saves(folder, job, run='run-1', keep=2):
-  return local_saves.LocalSaves(folder, min_interval_secs=0, keep=keep, events=events_lib.EventLog(job, 0),
-                                lineage=lineage_lib.Tracker('job-a', run))
+  return saving.LocalSaves(folder, min_interval_secs=0, keep=keep, events=events_lib.EventLog(job, 0),
+                           lineage=lineage_lib.Tracker('job-a', run))
 
 
 def _save_all(saves, steps, state):
@@ -68,14 +68,15 @@ def tmpfs(tmp_path):
 _KILLED_MID_SAVE = f'''
 import os, signal, sys
 import jax.numpy as jnp
-from pax_autockpt import events as events_lib, lineage as lineage_lib, local_saves, local_tier
-saves = local_saves.LocalSaves(sys.argv[1], min_interval_secs=0, keep=2, events=events_lib.EventLog(sys.argv[2], 0),
+from pax_autockpt import events as events_lib
+from pax_autockpt.local import format as local_format, lineage as lineage_lib, saving
+saves = saving.LocalSaves(sys.argv[1], min_interval_secs=0, keep=2, events=events_lib.EventLog(sys.argv[2], 0),
                                lineage=lineage_lib.Tracker('job-a', 'run-1'))
 state = {{'w': jnp.arange({SHARE // 4}, dtype=jnp.float32)}}
 for step in (10, 20):
   saves.maybe_save(step, state)
   saves._thread.join()
-local_tier.commit = lambda *args: os.kill(os.getpid(), signal.SIGKILL)  # step 30's part written, then killed
+local_format.commit = lambda *args: os.kill(os.getpid(), signal.SIGKILL)  # step 30's part written, then killed
 saves.maybe_save(30, state)
 saves._thread.join()
 '''
@@ -102,7 +103,7 @@ def test_a_tmpfs_sized_for_keep_plus_one_steps_survives_a_sigkill_mid_save(tmp_p
 def test_the_first_local_save_says_in_one_line_when_keep_plus_one_steps_cannot_fit(tmp_path, monkeypatch):
   """One line with the figures and the fix, at the first save only; none where the room is there."""
   lines, free = [], [240_000]
-  monkeypatch.setattr(local_saves.logging, 'warning', lambda fmt, *args: lines.append(fmt % args))
+  monkeypatch.setattr(saving.logging, 'warning', lambda fmt, *args: lines.append(fmt % args))
   monkeypatch.setattr(shutil, 'disk_usage', lambda path: types.SimpleNamespace(free=free[0]))
   state = {'w': jnp.zeros(25_000, dtype=jnp.float32)}  # a 0.1 MB share
   _save_all(_saves(tmp_path / 'small', tmp_path / 'job'), (1, 2, 3), state)
@@ -113,7 +114,7 @@ def test_the_first_local_save_says_in_one_line_when_keep_plus_one_steps_cannot_f
   free[0] = 10_000_000
   _save_all(_saves(tmp_path / 'large', tmp_path / 'job'), (1, 2, 3), state)
   assert len(lines) == 1
-  assert local_saves.room_line(tmp_path, 100_000, 2, 150_000, 0).endswith(' or turn the local tier off.')
+  assert saving.room_line(tmp_path, 100_000, 2, 150_000, 0).endswith(' or turn the local tier off.')
 
 
 def test_local_saves_that_keep_failing_are_one_line_and_one_event_a_minute_with_a_count(tmp_path, monkeypatch):
@@ -121,19 +122,19 @@ def test_local_saves_that_keep_failing_are_one_line_and_one_event_a_minute_with_
   minute, with the reason and how many failed, never silence and never a line per failure; the commit that
   follows says the tier works again, and its `local_committed` event comes at once."""
   clock, lines = [0.0], []
-  monkeypatch.setattr(local_saves.time, 'monotonic', lambda: clock[0])
-  monkeypatch.setattr(local_saves.logging, 'warning', lambda fmt, *args: lines.append(fmt % args))
+  monkeypatch.setattr(saving.time, 'monotonic', lambda: clock[0])
+  monkeypatch.setattr(saving.logging, 'warning', lambda fmt, *args: lines.append(fmt % args))
   saves, state = _saves(tmp_path / 'local', tmp_path / 'job'), {'w': jnp.zeros(4, dtype=jnp.float32)}
   _save_all(saves, (1, 2), state)  # the run's first commits...
   full = OSError(errno.ENOSPC, 'No space left on device')
-  monkeypatch.setattr(local_saves.local_tier, 'write_part', fakes.raises(full))
+  monkeypatch.setattr(saving.local_format, 'write_part', fakes.raises(full))
   for second in range(180):  # ...then three minutes of failures
     clock[0] = 100.0 + second
     _save_all(saves, [3 + second], state)
   monkeypatch.undo()
   clock[0] = 300.0
-  monkeypatch.setattr(local_saves.time, 'monotonic', lambda: clock[0])
-  monkeypatch.setattr(local_saves.logging, 'warning', lambda fmt, *args: lines.append(fmt % args))
+  monkeypatch.setattr(saving.time, 'monotonic', lambda: clock[0])
+  monkeypatch.setattr(saving.logging, 'warning', lambda fmt, *args: lines.append(fmt % args))
   _save_all(saves, [500], state)
   events = [e for e in fakes.events(tmp_path / 'job') if e['event'].startswith('local_')]
   failed = [e for e in events if e['event'] == 'local_save_failed']
@@ -150,8 +151,8 @@ def test_local_saves_that_keep_failing_are_one_line_and_one_event_a_minute_with_
 
 _HOLDER = '''
 import sys, time
-from pax_autockpt import local_lock
-local_lock.hold(sys.argv[1], sys.argv[2], 0)
+from pax_autockpt.local import lock
+lock.hold(sys.argv[1], sys.argv[2], 0)
 print('held', flush=True)
 time.sleep(600)
 '''
@@ -181,7 +182,7 @@ def test_a_second_live_job_on_a_local_directory_is_refused_and_a_sigkilled_one_n
   other = holder(folder, '/jobs/other')
   leftover = layout.local_partial_dir(folder, 100)
   leftover.mkdir()  # what the first save would remove as a leftover, were this job to take the directory
-  with pytest.raises(local_lock.InUse) as refused:
+  with pytest.raises(lock.InUse) as refused:
     _saves(folder, tmp_path / 'job')
   assert str(refused.value).startswith(f'--autockpt_local_dir {folder} is held by a live process (pid {other.pid} on '
                                        f'{socket.gethostname()}, job directory /jobs/other, host 0, since ')
@@ -191,20 +192,20 @@ def test_a_second_live_job_on_a_local_directory_is_refused_and_a_sigkilled_one_n
   other.kill()
   other.wait()
   _saves(folder, tmp_path / 'job')  # the dead holder's lock went with it
-  assert f'"pid": {os.getpid()}' in (folder / local_lock.LOCK_FILE).read_text()
+  assert f'"pid": {os.getpid()}' in (folder / lock.LOCK_FILE).read_text()
 
 
 def test_a_run_on_a_held_local_directory_is_refused_at_start_up_before_paxml_and_the_job_directory(tmp_path, holder):
   """precheck takes the lock ~1 s into the run: a second job costs no paxml start-up and writes nothing."""
   other = holder(tmp_path / 'local-0', '/jobs/other')
-  with pytest.raises(local_lock.InUse) as refused:
+  with pytest.raises(lock.InUse) as refused:
     precheck.run(['main', f'--exp={experiment_names.EXAMPLE}', f'--job_log_dir={tmp_path}/job',
                   f'--autockpt_local_dir={tmp_path}/local-{{host}}'])
   assert f'(pid {other.pid} on ' in str(refused.value) and not (tmp_path / 'job').exists()
 
 
 def test_the_holder_named_as_another_host_of_this_job_means_host_is_missing_from_the_path():
-  line = local_lock.busy_line('/dev/shm/ac', {'pid': 7, 'machine': 'vm', 'job_log_dir': '/j', 'host': 1}, '/j', 0)
+  line = lock.busy_line('/dev/shm/ac', {'pid': 7, 'machine': 'vm', 'job_log_dir': '/j', 'host': 1}, '/j', 0)
   assert line == ('--autockpt_local_dir /dev/shm/ac is held by a live process (pid 7 on vm, job directory /j, host 1)'
                   '; put {host} in --autockpt_local_dir so that each host of this job has its own directory')
 

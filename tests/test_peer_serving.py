@@ -10,11 +10,12 @@ import time
 
 import pytest
 
-from pax_autockpt import buddy
 from pax_autockpt import coordination
+from pax_autockpt import hosts as hosts_lib
 from pax_autockpt import layout
-from pax_autockpt import local_restore
-from pax_autockpt import peer_transfer
+from pax_autockpt.local import buddy
+from pax_autockpt.local import peer
+from pax_autockpt.local import restoring
 from tests import test_peer_transfer as transfer
 
 ELSEWHERE = '203.0.113.7'  # a documentation address: never this machine's, so no server binds it
@@ -140,14 +141,14 @@ def test_a_fill_server_that_cannot_start_is_published_at_once_and_its_receiver_m
     tmp_path, service, monkeypatch):
   """The donor's error reached the `done` report, but its receiver waited the fill's 10 minutes for the
   address first."""
-  monkeypatch.setattr(local_restore, 'own_address', lambda: ELSEWHERE)
+  monkeypatch.setattr(hosts_lib, 'own_address', lambda coordinator: ELSEWHERE)  # where restoring calls it
   transfer._donor(tmp_path / 'donor', 5)  # pylint: disable=protected-access
-  donor = local_restore.LocalRestore(tmp_path / 'donor', host=0, hosts=2)
+  donor = restoring.LocalRestore(tmp_path / 'donor', host=0, hosts=2)
   with pytest.raises(OSError):
     donor._serve(service, 'fill/1/5/0/0/', 5, False)  # pylint: disable=protected-access
   assert json.loads(service.values['fill/1/5/0/0/peer'])['error'].startswith('OSError')
-  receiver = local_restore.LocalRestore(tmp_path / 'receiver', host=1, hosts=2)
-  with pytest.raises(peer_transfer.PeerUnavailable, match='host 0 cannot serve its copy: OSError'):
+  receiver = restoring.LocalRestore(tmp_path / 'receiver', host=1, hosts=2)
+  with pytest.raises(peer.PeerUnavailable, match='host 0 cannot serve its copy: OSError'):
     receiver._receive(service, 'fill/1/5/', 5, ((0, False),))  # pylint: disable=protected-access
 
 
@@ -155,12 +156,12 @@ def test_a_donor_that_cannot_serve_sends_its_receiver_to_the_next_source_in_turn
   """`_in_turn` read a published error as an address; now it is one more donor that did not serve."""
   donor = transfer._donor(tmp_path / 'keeper', 5)  # pylint: disable=protected-access
   service.key_value_set('fill/1/5/0/0/peer', json.dumps({'error': 'OSError: [Errno 99] not available'}))
-  with peer_transfer.PeerServer(lambda s: donor if s == 5 else None, transfer.SECRET) as keeper:
+  with peer.PeerServer(lambda s: donor if s == 5 else None, transfer.SECRET) as keeper:
     service.key_value_set('fill/1/5/2/1/peer', json.dumps({'address': list(keeper.address),
                                                            'secret': transfer.SECRET}))
-    receiver = local_restore.LocalRestore(tmp_path / 'receiver', host=1, hosts=3)
+    receiver = restoring.LocalRestore(tmp_path / 'receiver', host=1, hosts=3)
     path, used = receiver._in_turn(service, 'fill/1/5/', 5, [(0, False), (2, True)],  # pylint: disable=protected-access
-                                   peer_transfer.PeerUnavailable('the parallel attempt'))
+                                   peer.PeerUnavailable('the parallel attempt'))
   assert used == [(2, True)]
   transfer._same_files(donor, path)  # pylint: disable=protected-access
 
@@ -168,10 +169,9 @@ def test_a_donor_that_cannot_serve_sends_its_receiver_to_the_next_source_in_turn
 # --- the address a host serves on ----------------------------------------------------------------------
 
 
-def _routes(monkeypatch, coordinator, routes):
-  """own_address's view: the job's coordinator at `coordinator`, and a datagram to host `h` leaving from
-  `routes[h]` (`routes['*']`: the default route; no entry: unreachable). No packet is sent either way."""
-  monkeypatch.setattr(coordination, 'coordinator_address', lambda: coordinator)
+def _routes(monkeypatch, routes):
+  """hosts.own_address's view: a datagram to host `h` leaving from `routes[h]` (`routes['*']`: the default
+  route; no entry: unreachable). No packet is sent either way."""
 
   class Probe:
 
@@ -192,24 +192,23 @@ def _routes(monkeypatch, coordinator, routes):
     def getsockname(self):
       return self.source, 40000
 
-  monkeypatch.setattr(local_restore.socket, 'socket', Probe)
+  monkeypatch.setattr(hosts_lib.socket, 'socket', Probe)
 
 
 def test_host_0_whose_name_maps_to_loopback_serves_on_its_outward_address(monkeypatch, caplog):
   """Debian's /etc/hosts maps the machine's own name to 127.0.1.1: where the coordinator is host 0's name,
   its route to it is loopback, and its servers bound an address no other machine reaches."""
-  _routes(monkeypatch, 'node-0:1234', {'node-0': '127.0.1.1', '*': '10.0.0.5'})
-  assert local_restore.own_address() == '10.0.0.5'
-  _routes(monkeypatch, 'node-0:1234', {'node-0': '127.0.1.1'})  # no other route: loopback, said in a line
-  assert local_restore.own_address() == '127.0.0.1'
+  _routes(monkeypatch, {'node-0': '127.0.1.1', '*': '10.0.0.5'})
+  assert hosts_lib.own_address('node-0:1234') == '10.0.0.5'
+  _routes(monkeypatch, {'node-0': '127.0.1.1'})  # no other route: loopback, said in a line
+  assert hosts_lib.own_address('node-0:1234') == '127.0.0.1'
   assert len(_messages(caplog, 'which no other machine reaches')) == 1
 
 
 def test_other_hosts_and_single_machine_jobs_keep_their_address(monkeypatch, caplog):
-  _routes(monkeypatch, 'node-0:1234', {'node-0': '10.0.0.1', '*': '192.168.9.9'})
-  assert local_restore.own_address() == '10.0.0.1'  # the interface toward the coordinator, not the default
+  _routes(monkeypatch, {'node-0': '10.0.0.1', '*': '192.168.9.9'})
+  assert hosts_lib.own_address('node-0:1234') == '10.0.0.1'  # the interface toward the coordinator, not the default
   monkeypatch.undo()
-  for coordinator in ('127.0.0.1:1234', 'localhost:1234', ''):  # `launch`: every host on this machine
-    monkeypatch.setattr(coordination, 'coordinator_address', lambda c=coordinator: c)
-    assert local_restore.own_address() == '127.0.0.1'
+  for coordinator in ('127.0.0.1:1234', 'localhost:1234', '', None):  # `launch`: every host on this machine
+    assert hosts_lib.own_address(coordinator) == '127.0.0.1'
   assert not _messages(caplog, 'no other machine')

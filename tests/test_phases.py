@@ -7,9 +7,9 @@ import pytest
 
 from pax_autockpt import internals
 from pax_autockpt import layout
-from pax_autockpt import outcomes
 from pax_autockpt import phases as phases_lib
 from pax_autockpt import settings as settings_lib
+from pax_autockpt import stops
 from tests import fakes
 from tests.fakes import STATE
 
@@ -93,7 +93,7 @@ def test_a_preemption_agreed_at_an_eval_batch_saves_the_trained_step_and_ends_th
   ckpt.wait_until_finished()
   train.run(STATE, 0)  # step 0 -> 1, and the eval step on the train input: a point, nothing agreed yet
   fakes.preempt()
-  with pytest.raises(outcomes.Preempted) as stop:
+  with pytest.raises(stops.Preempted) as stop:
     evaluation.run(STATE, 1)
   assert stop.value.step == 1 and evaluation.ran == 0
   assert layout.committed_steps(layout.checkpoint_dir(job_dir)) == [0, 1]
@@ -111,7 +111,7 @@ def test_a_save_and_exit_notice_ends_a_decode_but_a_save_notice_waits_for_the_lo
   ckpt.wait_until_finished()
   train.run(STATE, 0)
   ckpt._notices.announce('preempted', 'TRUE')  # pylint: disable=protected-access
-  with pytest.raises(outcomes.Preempted) as stop:
+  with pytest.raises(stops.Preempted) as stop:
     decode.run(STATE, 1)
   assert stop.value.step == 1 and decode.ran <= 1
   assert layout.committed_steps(layout.checkpoint_dir(job_dir)) == [0, 1]

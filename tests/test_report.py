@@ -436,7 +436,7 @@ def test_adaptive_interval_against_the_young_daly_optimum_afterwards(tmp_path):
 
 def test_local_tier_commits_and_the_tier_each_restart_restored_with_steps_lost_to_the_newest_local_commit(tmp_path):
   """SIGKILL after local commits every second: the next run restores the newest local step, and the steps lost
-  count from it (not from the bucket's step 0); runs that wrote no `restored_from` read as the bucket."""
+  count from it (not from the job directory's step 0); runs that wrote no `restored_from` read as the job directory."""
   job = Job(tmp_path)
   job.start(0, 0.0)
   job.save(0, 1.0, 0)
@@ -446,7 +446,7 @@ def test_local_tier_commits_and_the_tier_each_restart_restored_with_steps_lost_t
   job.ev(0, 20.0, 'start', num_hosts=1, pid=2, restored_step=520, restored_from='local')
   job.ev(0, 40.0, 'start', num_hosts=1, pid=3, restored_step=0)  # an older version's start event
   r = report.load(job.write(checkpoints=[0]))
-  assert r.local.saves_committed == 6 and r.local.restored_from == [None, 'local', 'bucket']
+  assert r.local.saves_committed == 6 and r.local.restored_from == [None, 'local', 'job_dir']
   assert r.local.interval_s.p50 == pytest.approx(1.0) and r.local.duration_s.max == pytest.approx(0.06)
   assert r.restart_details[0].restored_step == 520 and r.restart_details[0].steps_lost == 0
   text = report.text.format_text(r)
@@ -520,12 +520,12 @@ def tutorial_story(tmp_path, local_survived=True):
   job.ev(0, 15.0, 'preemption', step=300, signal='SIGTERM')
   job.save(0, 15.0, 300, reason='preemption', blocking=0.01, duration=0.2)
   job.ev(0, 15.5, 'exit', code=143, step=300)
-  job.ev(0, 20.0, 'start', num_hosts=1, pid=2, restored_step=300, restored_from='bucket', restore_s=1.5)
+  job.ev(0, 20.0, 'start', num_hosts=1, pid=2, restored_step=300, restored_from='job_dir', restore_s=1.5)
   job.ev(0, 21.0, 'local_committed', step=301, duration_s=0.03, bytes=1000, commits=1)
   job.save(0, 25.0, 400)  # committed at 26.0, its last event; then kill -9 at ~575
   if not local_survived:
     job.ev(0, 26.5, 'local_committed', step=575, duration_s=0.03, bytes=1000, commits=274, interval_s=0.02)
-  restored = (575, 'local') if local_survived else (400, 'bucket')
+  restored = (575, 'local') if local_survived else (400, 'job_dir')
   job.ev(0, 30.0, 'start', num_hosts=1, pid=3, restored_step=restored[0], restored_from=restored[1],
          restore_s=0.5 if local_survived else 1.5)
   job.ev(0, 31.0, 'local_committed', step=restored[0] + 1, duration_s=0.03, bytes=1000, commits=1)

@@ -36,13 +36,13 @@ def three_runs(tmp_path, phases=False):
   job.ev(0, 28.0, 'preemption', step=250, signal='SIGTERM')
   job.save(0, 28.0, 250, reason='preemption', blocking=0.2, duration=0.6)
   job.ev(0, 29.0, 'exit', code=143, step=250)
-  job.ev(0, 40.0, 'start', num_hosts=1, pid=2, restored_step=250, restored_from='bucket', restore_s=4.0,
+  job.ev(0, 40.0, 'start', num_hosts=1, pid=2, restored_step=250, restored_from='job_dir', restore_s=4.0,
          **(_process(30.0, 5.0, 0.5) if phases else {}))
   if phases:
     job.ev(0, 43.1, 'first_step', step=251, compile_s=2.5)
   job.save(0, 48.0, 300)
   job.save(0, 58.5, 400, commit=False)  # then kill -9: no commit, no exit event
-  job.ev(0, 70.0, 'start', num_hosts=1, pid=3, restored_step=300, restored_from='bucket', restore_s=6.0,
+  job.ev(0, 70.0, 'start', num_hosts=1, pid=3, restored_step=300, restored_from='job_dir', restore_s=6.0,
          **(_process(60.0, 2.5, 0.5) if phases else {}))
   if phases:
     job.ev(0, 72.6, 'first_step', step=301, compile_s=2.0)
@@ -218,4 +218,4 @@ def test_the_checkpointer_times_a_restore_for_the_start_event_and_not_a_fresh_st
   fakes.write_checkpoint(layout.step_dir(layout.checkpoint_dir(job), 10))
   ckpt, _ = fakes.wrap(job)
   assert ckpt.get_model_states(None, None, None)[2] == 10
-  assert ckpt.restored_from == 'bucket' and ckpt.restore_s is not None and ckpt.restore_s >= 0
+  assert ckpt.restored_from == 'job_dir' and ckpt.restore_s is not None and ckpt.restore_s >= 0

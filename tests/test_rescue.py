@@ -7,9 +7,9 @@ import time
 import pytest
 
 from pax_autockpt import grace
-from pax_autockpt import outcomes
 from pax_autockpt import phases as phases_lib
 from pax_autockpt import rescue as rescue_lib
+from pax_autockpt import stops
 
 
 class _ExitPath:
@@ -30,7 +30,7 @@ class _ExitPath:
 
   def on_preemption(self, step, state, agreed_during):
     self.saved.append((step, state, agreed_during))
-    raise outcomes.Preempted(step, f'On-demand checkpoint of step {step} committed')
+    raise stops.Preempted(step, f'On-demand checkpoint of step {step} committed')
 
 
 @pytest.fixture
@@ -62,7 +62,7 @@ def test_a_main_thread_held_in_the_input_is_rescued_after_the_wait(fast):
   _wait(lambda: ended)
   assert time.time() - arrival >= 0.3
   assert exit_path.saved == [(7, {'partitioned_train_state': 'state'}, 'rescue')] and agreed == [7]
-  assert isinstance(ended[0], outcomes.Preempted) and ended[0].step == 7
+  assert isinstance(ended[0], stops.Preempted) and ended[0].step == 7
   assert phases.closed  # the main thread stops at its next phase change
 
 

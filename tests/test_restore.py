@@ -9,18 +9,22 @@ import types
 
 import jax
 from jax import numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
 from orbax.checkpoint import utils as orbax_utils
 from paxml import checkpoint_metadata
 from paxml import train_states
 import pytest
 
+from pax_autockpt import events as events_lib
 from pax_autockpt import failures
 from pax_autockpt import internals
 from pax_autockpt import layout
 from pax_autockpt import manifest as manifest_lib
-from pax_autockpt import outcomes
 from pax_autockpt import restore
 from pax_autockpt import settings as settings_lib
+from pax_autockpt import stops
+from tests import damage
 from tests import fakes
 from tests import test_failures
 
@@ -59,7 +63,7 @@ def test_a_mismatch_stops_with_exit_2_s_one_line_and_moves_nothing(job):
   ckpt, fake = _two_checkpoints(job)
   before = _listing(job)
   fake.fail_restore = ValueError(test_failures.PAX_MISMATCH)
-  with pytest.raises(outcomes.RestoreMismatch) as stop:
+  with pytest.raises(stops.RestoreMismatch) as stop:
     ckpt.get_model_states(None, None, None)
   line = str(stop.value)
   assert line.startswith('checkpoint 20 does not fit this run: ValueError: PaxMetadata is not compatible')
@@ -80,7 +84,7 @@ def test_a_transient_failure_that_outlasts_the_retries_exits_1_and_moves_nothing
   ckpt, fake = _two_checkpoints(job, retry_secs=10)
   before = _listing(job)
   fake.fail_restore = ValueError(test_failures.GCS_503)
-  with pytest.raises(outcomes.RestoreFailed) as stop:
+  with pytest.raises(stops.RestoreFailed) as stop:
     ckpt.get_model_states(None, None, None)
   assert no_sleep == failures.backoff(10) == [1.0, 2.0, 4.0, 3.0]
   assert str(stop.value).startswith('checkpoint 20 could not be read for 10 s (ValueError: UNAVAILABLE')
@@ -92,7 +96,7 @@ def test_an_unknown_failure_exits_1_at_once_and_moves_nothing(job, no_sleep):
   ckpt, fake = _two_checkpoints(job)
   before = _listing(job)
   fake.fail_restore = RuntimeError('something nobody has seen')
-  with pytest.raises(outcomes.RestoreFailed, match='not recognised as damage, so nothing was moved'):
+  with pytest.raises(stops.RestoreFailed, match='not recognised as damage, so nothing was moved'):
     ckpt.get_model_states(None, None, None)
   assert no_sleep == [] and _listing(job) == before
 
@@ -109,7 +113,7 @@ def test_damage_that_cannot_be_set_aside_stops_instead_of_restoring_it_again(job
   ckpt, fake = _two_checkpoints(job)
   (layout.step_dir(layout.checkpoint_dir(job), 20) / 'state').rmtree()
   monkeypatch.setattr(layout, 'set_aside_damaged', fakes.raises(PermissionError(13, 'Permission denied')))
-  with pytest.raises(outcomes.RestoreFailed, match=r'checkpoint 20 is damaged \(.*state is missing\) and could not '
+  with pytest.raises(stops.RestoreFailed, match=r'checkpoint 20 is damaged \(.*state is missing\) and could not '
                      r'be set aside \(PermissionError: .*Permission denied\); nothing was deleted'):
     ckpt.get_model_states(None, None, None)
   assert fake.restored == []
@@ -186,7 +190,7 @@ def test_input_state_of_another_number_of_hosts_exits_2_or_restarts_the_input(jo
   ckpt, fake = fakes.wrap(job, settings_lib.Settings(notices='off', checksums=False, input_on_host_change=setting))
   before = _listing(job)
   if setting == 'exit':
-    with pytest.raises(outcomes.RestoreMismatch, match='input state was written by 2 hosts.*this run has 1'):
+    with pytest.raises(stops.RestoreMismatch, match='input state was written by 2 hosts.*this run has 1'):
       ckpt.get_model_states(None, None, None, train_input_pipeline=object())
     assert fake.restored == [] and not fakes.events(job, 'input_restarted')
   else:
@@ -215,6 +219,49 @@ def test_saved_shards_no_restored_shard_coincides_with_are_read_back():
   assert manifest_lib.uncovered([('w', w)], {'w': {'0:2': 'a', '2:4': 'b'}}) == [('w', '0:2'), ('w', '2:4')]
   assert manifest_lib.uncovered([('w', w)], {'w': {'0:4': 'a'}, 'gone': {'0:1': 'c'}}) == [('gone', '0:1')]
   assert manifest_lib.uncovered([('w', w)], {'w': {'0:4': 'a'}}) == []
+
+
+def _saved_by_two_hosts_in_halves(step_path, ocdbt):
+  """A real checkpoint of fakes.STATE (orbax, tensorstore) as 2 hosts save it with `w` split between them: host 0
+  wrote `w[0:2]`, `m` and `step`, host 1 only `w[2:4]`; each host's manifest lists what it wrote."""
+  arrays = {n: np.asarray(x) for n, x in internals.array_names(fakes.STATE, use_ocdbt=ocdbt)}
+  ocp.PyTreeCheckpointer(use_ocdbt=ocdbt).save(step_path / 'state', {n: jnp.asarray(x) for n, x in arrays.items()})
+  whole = lambda x: manifest_lib.shard_key(tuple(slice(None) for _ in x.shape), x.shape)
+  w = arrays.pop('mdl_vars.w')
+  mine = {0: {'mdl_vars.w': {'0:2': manifest_lib.digest(w[0:2])},
+              **{n: {whole(x): manifest_lib.digest(x)} for n, x in arrays.items()}},
+          1: {'mdl_vars.w': {'2:4': manifest_lib.digest(w[2:4])}}}
+  for host, listed in mine.items():
+    manifest_lib.write(step_path, {'format': manifest_lib.FORMAT, 'hash': manifest_lib.HASH, 'host': host,
+                                   'hosts': 2, 'arrays': listed})
+
+
+def _restored_whole(step_path, ocdbt):
+  """What a 1-host run restores: each array whole on its one device, read from the checkpoint."""
+  names = [n for n, _ in internals.array_names(fakes.STATE, use_ocdbt=ocdbt)]
+  leaves = [jnp.asarray(manifest_lib.open_saved(step_path, n, ocdbt).read().result()) for n in names]
+  return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(fakes.STATE), leaves)
+
+
+@pytest.mark.parametrize('ocdbt', [False, True], ids=['zarr', 'ocdbt'])
+def test_shards_saved_on_another_topology_are_read_back_and_a_flipped_byte_only_the_other_host_wrote_is_found(
+    job, caplog, ocdbt):
+  """Saved by 2 hosts with `w` in halves, restored by 1 holding it whole: no restored shard of `w` is a saved one,
+  so the check reads both halves back from storage (the others are checked in memory), and every saved shard is
+  checked. A byte flipped in the half only host 1 wrote is damage, though nothing in memory can show it."""
+  caplog.set_level('INFO')
+  restorer = restore.Restorer(fakes.FakePaxCheckpointer(job), events=events_lib.EventLog(job, 0), checksums=True,
+                              retry_secs=1.0, set_aside=lambda step: None)
+  step_path = layout.step_dir(layout.checkpoint_dir(job), 20)
+  _saved_by_two_hosts_in_halves(step_path, ocdbt)
+  assert restorer._verify(20, _restored_whole(step_path, ocdbt)) is None  # pylint: disable=protected-access
+  assert restorer.verified == {'shards_checked': 4, 'shards_unchecked': 0}
+  assert '4 shards of 3 arrays checked against the manifest (2 in memory, 2 read back from storage), 0 of 4 saved ' \
+      'shards unchecked' in caplog.text
+  assert damage.flip_a_byte(step_path, host=1) == ('mdl_vars.w', '2:4')
+  found = restorer._verify(20, _restored_whole(step_path, ocdbt))  # pylint: disable=protected-access
+  assert found is not None and found.kind is Kind.DAMAGE, found
+  assert found.reason.startswith('host 0: mdl_vars.w shard [2:4] does not match the manifest'), found.reason
 
 
 def test_a_lost_manifest_of_a_save_that_wrote_one_is_damage(job):
@@ -247,6 +294,6 @@ def test_listing_the_checkpoints_retries_storage_errors_then_ends_in_one_line(mo
   internals.retry_listing(10)
   assert orbax_utils.checkpoint_steps('gs://b/job/checkpoints') == [100, 200] and not answers
   answers[:] = [ValueError(test_failures.GCS_503)] * 5
-  with pytest.raises(outcomes.RestoreFailed, match=r'the checkpoints in gs://b/job/checkpoints could not be listed '
+  with pytest.raises(stops.RestoreFailed, match=r'the checkpoints in gs://b/job/checkpoints could not be listed '
                      r'for 10 s \(ValueError: UNAVAILABLE.*\); nothing was moved'):
     orbax_utils.checkpoint_steps('gs://b/job/checkpoints')

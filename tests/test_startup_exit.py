@@ -3,13 +3,20 @@ stand-in that behaves as jax's does for these calls (a key is written once; a bl
 
 import atexit
 import threading
+import types
 
 import pytest
 
+from pax_autockpt import checkpointer as checkpointer_lib
 from pax_autockpt import coordination
 from pax_autockpt import events as events_lib
+from pax_autockpt import internals
+from pax_autockpt import layout
+from pax_autockpt import settings as settings_lib
 from pax_autockpt import signals
 from pax_autockpt import startup_exit
+from pax_autockpt import stops
+from tests import fakes
 
 
 class _Service:
@@ -133,3 +140,54 @@ def test_a_main_thread_that_took_the_exit_first_ends_the_process_alone(tmp_path,
   assert waiting.is_alive() and events_lib.read(tmp_path) == [] and codes == []
   atexit.unregister(host._release)  # pylint: disable=protected-access
   del cond
+
+
+# --- a restored local step the job directory lacks ----------------------------------------------------
+
+
+def _restored_local_step_20(job, job_dir_steps):
+  """A checkpointer around the fake, before its first step, whose restore took local step 20 from the local tier
+  while the job directory holds `job_dir_steps` (the restorer's state as its local restore leaves it)."""
+  for step in job_dir_steps:
+    fakes.write_checkpoint(layout.step_dir(layout.checkpoint_dir(job), step))
+  fake = fakes.FakePaxCheckpointer(job)
+  ckpt = checkpointer_lib.AutockptCheckpointer(
+      fake, settings=settings_lib.Settings(notices='off'), events=events_lib.EventLog(job, 0),
+      exit_after_ondemand_checkpoint=True, enable_summaries=False)
+  restorer = ckpt._restorer  # pylint: disable=protected-access
+  restorer._local = types.SimpleNamespace(agreed_newest=max(job_dir_steps))  # pylint: disable=protected-access
+  internals.restore_step(fake, 20)
+  restorer._local_step, restorer.restored_from = 20, events_lib.LOCAL  # pylint: disable=protected-access
+  return ckpt, fake
+
+
+def test_a_signal_before_the_first_step_saves_a_restored_local_step_the_job_directory_lacks(tmp_path, exits):
+  """Local step 20 restored, the job directory's newest is 10: the local disks may go with the VMs, so a SIGTERM
+  during the compile must not end the job at once (it would lose steps 11-20); the first iteration saves step 20
+  to the job directory, then exits as at any agreed step."""
+  codes, _ = exits
+  job = tmp_path / 'job'
+  ckpt, fake = _restored_local_step_20(job, [10])
+  fakes.preempt()  # during the compile: the start-up exit's thread decides
+  assert codes == [] and fakes.events(job, 'preemption') == []
+  with pytest.raises(stops.Preempted, match='On-demand checkpoint of step 20 committed'):
+    ckpt.save_if_needed(20, fakes.STATE)  # the loop's first iteration
+  assert fake.orbax.attempts == [20] and layout.committed_steps(layout.checkpoint_dir(job)) == [10, 20]
+  preemption, = fakes.events(job, 'preemption')
+  assert (preemption['plan'], preemption['saved_step']) == ('save', 20), preemption
+  assert codes == []
+
+
+def test_a_signal_before_the_first_step_saves_nothing_when_the_job_directory_holds_the_restored_local_step(
+    tmp_path, exits):
+  """The same, with step 20 in the job directory too: nothing is only on local disks, the start-up exit ends the
+  job at once (143) and no save starts."""
+  codes, _ = exits
+  job = tmp_path / 'job'
+  ckpt, fake = _restored_local_step_20(job, [10, 20])
+  with pytest.raises(_Exited):  # the process ends (its exit faked: it ends this call)
+    fakes.preempt()
+  assert [code for _, code in codes] == [143]
+  preemption, = fakes.events(job, 'preemption')
+  assert (preemption['plan'], preemption['saved_step'], preemption['during']) == ('nothing_to_save', 20, 'start-up')
+  assert fake.orbax.attempts == [] and layout.committed_steps(layout.checkpoint_dir(job)) == [10, 20]

@@ -379,8 +379,8 @@ def main(argv=None):
   # One host trains ~150 steps/s: 30 cycles would pass the tiny model's 2000 steps long before the
   # last signal. Two hosts train ~20 steps/s, so they save more often.
   exp, target, interval = (
-      ('pax_autockpt.tools.bench_experiments.TinySoakAutockpt', 12_000, 500) if args.num_hosts == 1 else
-      ('pax_autockpt.tools.bench_experiments.TinyMultisliceSoakAutockpt', 3000, 100))
+      ('experiments.bench.TinySoakAutockpt', 12_000, 500) if args.num_hosts == 1 else
+      ('experiments.bench.TinyMultisliceSoakAutockpt', 3000, 100))
   workdir = args.workdir or tempfile.mkdtemp(prefix='autockpt-soak-')
   os.makedirs(workdir, exist_ok=True)
   start = time.time()

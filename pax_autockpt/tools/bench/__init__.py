@@ -17,11 +17,11 @@ formats_<storage> (zarr vs OCDBT), notices_<size> (notice -> committed), notices
 (start-up with notices auto and no server vs off), checksums (the manifest's cost), verification
 (restore + manifest check vs restore), adaptive (the self-set interval against the Young/Daly
 optimum), localtier_<size>_<storage> (an unplanned kill: training lost and the restore, local tier every
-1 s against bucket-only continuous), localstep (step time with the local tier at its default cadence vs
-off), nice_<storage> (continuous saving with its threads at the default nice vs 0), tinyfloor (the tiny on-demand
-save against orbax 0.5.9 saving the same arrays alone: the fixed cost's floor),
+1 s against continuous saves to the job directory only), localstep (step time with the local tier at its default
+cadence vs off), nice_<storage> (continuous saving with its threads at the default nice vs 0), tinyfloor (the tiny
+on-demand save against orbax 0.5.9 saving the same arrays alone: the fixed cost's floor),
 peertransfer_<size> (a committed local step of the Medium / Large state's bytes streamed between 2 local
-processes by peer_transfer vs a raw loopback socket copy + fsync of the same bytes, and each side's peak RSS
+processes by pax_autockpt.local.peer vs a raw loopback socket copy + fsync of the same bytes, and each side's peak RSS
 growth; see peer.py; Medium ~30 s, in the default set; Large ~100 s, not), decision_scale (the save
 decision's protocol at 8 to 1,024 simulated hosts, no model; not in the default set: ~20 minutes),
 planscale (the restart's local-tier plan at 8 to 1,024 simulated hosts, one host's share from a buddy copy

@@ -1,7 +1,7 @@
 """`agedlog`: a restart's cost must not grow with the job's age (issue 38, item 5).
 
 A job that ran a week with the local tier committing every second has a week of events in its log: one
-`local_committed` summary a minute (pax_autockpt.local_saves.CommitSummary), a bucket save every ten minutes
+`local_committed` summary a minute (pax_autockpt.local.saving.CommitTally), a job directory save every ten minutes
 (started, committed, a policy's deletion) and a restart a day. Every start reads host 0's log (the steps it
 ever committed for the lineage rules, past save durations for the grace budget, metrics for BestN). Measured:
 process start -> first step of a restart of that job against the same restart of a job whose log holds only

@@ -1,7 +1,7 @@
 """Bench scenarios `buddystep_<size>`, `buddyrelaunch_<size>`, `buddyflood_<size>`: buddy copies on a real 2-host
 job (issues 39, 46).
 
-Both train bench_experiments.<size>ModelParallelAutockpt under `pax-autockpt launch --num_hosts=2`: the model
+Both train experiments.bench.<size>ModelParallelAutockpt under `pax-autockpt launch --num_hosts=2`: the model
 split over both hosts (one slice, no data-parallel replica: the case buddy copies are for), the local tier on
 this machine's disk every 10 s, Pax's interval never due.
 
@@ -42,7 +42,7 @@ from pax_autockpt.tools.bench import measure
 from pax_autockpt.tools.bench.measure import Figure
 from pax_autockpt.tools.bench.measure import Storage
 
-_B = 'pax_autockpt.tools.bench_experiments.'
+_B = 'experiments.bench.'
 HOSTS = 2
 STEP_SECS = 100.0  # training per step-time run: ~8 local commits (and buddy copies) at one per 10 s or more
 TARGET_STEP = 1.1  # buddy copies on vs off, step time

@@ -1,4 +1,4 @@
-"""A stranger's flood against a peer server (pax_autockpt.peer_transfer), for a test and the bench (issue 46).
+"""A stranger's flood against a peer server (pax_autockpt.local.peer), for a test and the bench (issue 46).
 
   python -m pax_autockpt.tools.bench.flood HOST PORT SECONDS [--nice N]
 

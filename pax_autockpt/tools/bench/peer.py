@@ -1,7 +1,7 @@
 """Bench scenario `peertransfer_<size>`: a committed local step streamed between two local hosts (issue 39).
 
-The donor is one process serving the step with peer_transfer.PeerServer on 127.0.0.1, the receiver another
-running peer_transfer.fetch_step into an empty folder (HTTP, each shard's xxh3 checked, the commit's
+The donor is one process serving the step with pax_autockpt.local.peer.PeerServer on 127.0.0.1, the receiver
+another running its fetch_step into an empty folder (HTTP, each shard's xxh3 checked, the commit's
 rename); against, in alternation, a raw loopback socket copy of the same shards file: a sender process
 (socket.sendfile) and a receiver process writing it to a file in the same folder, fsynced. Each receiver
 times itself from the start of the transfer to its end (the commit, or the fsync) and reports it on stdout;
@@ -10,8 +10,8 @@ minus VmRSS then).
 
 The state: a synthetic local step of the bytes the bench's Medium / Large states hold raw (500 / 2,660 MB:
 the raw-chunk on-demand saves of MediumAutockpt / LargeAutockpt in bench/results.json), a few float32 arrays
-of up to 256 MB, written by local_tier.write_part + commit in the bench's work folder (the disk a local tier
-would use here).
+of up to 256 MB, written by pax_autockpt.local.format's write_part + commit in the bench's work folder (the disk
+a local tier would use here).
 
 The processes' side, run by the scenario (one JSON line each on stdout):
 
@@ -75,9 +75,9 @@ def _say(**fields) -> None:
 
 def _donor(folder: str, secret: str) -> None:
   from pax_autockpt import layout  # pylint: disable=g-import-not-at-top
-  from pax_autockpt import peer_transfer  # pylint: disable=g-import-not-at-top
+  from pax_autockpt.local import peer  # pylint: disable=g-import-not-at-top
   offered = lambda step: layout.local_step_dir(folder, step) if step in layout.local_committed_steps(folder) else None
-  with peer_transfer.PeerServer(offered, secret) as server:
+  with peer.PeerServer(offered, secret) as server:
     peak = _Peak()
     _say(port=server.address[1])
     sys.stdin.readline()  # the receiver is done
@@ -86,10 +86,10 @@ def _donor(folder: str, secret: str) -> None:
 
 def _fetch(port: int, secret: str, step: int, folder: str) -> None:
   from pax_autockpt import layout  # pylint: disable=g-import-not-at-top
-  from pax_autockpt import peer_transfer  # pylint: disable=g-import-not-at-top
+  from pax_autockpt.local import peer  # pylint: disable=g-import-not-at-top
   peak = _Peak()
   start = time.perf_counter()
-  got = peer_transfer.fetch_step(('127.0.0.1', port), secret, step, folder)
+  got = peer.fetch_step(('127.0.0.1', port), secret, step, folder)
   secs = time.perf_counter() - start
   _say(secs=secs, bytes=os.path.getsize(got / layout.LOCAL_SHARDS), rss_growth_mb=peak.growth_mb())
 
@@ -144,8 +144,8 @@ def _synthetic_step(folder: str, nbytes: int) -> str:
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   from pax_autockpt import layout  # pylint: disable=g-import-not-at-top
-  from pax_autockpt import lineage as lineage_lib  # pylint: disable=g-import-not-at-top
-  from pax_autockpt import local_tier  # pylint: disable=g-import-not-at-top
+  from pax_autockpt.local import format as local_format  # pylint: disable=g-import-not-at-top
+  from pax_autockpt.local import lineage as lineage_lib  # pylint: disable=g-import-not-at-top
   count = -(-nbytes // _ARRAY_BYTES)
   base = np.random.default_rng(0).standard_normal(_ARRAY_BYTES // 4 + count * 1024, dtype=np.float32)
   arrays, left = {}, nbytes // 4
@@ -153,11 +153,11 @@ def _synthetic_step(folder: str, nbytes: int) -> str:
     n = min(left, _ARRAY_BYTES // 4)
     arrays[f'params.w{i}'] = ((n,), 'float32', {f'0:{n}': base[i * 1024:i * 1024 + n]})
     left -= n
-  snapshot = local_tier.Snapshot(arrays, input_state=None)
-  partial, found = local_tier.write_part(folder, STEP, snapshot)
-  index = local_tier.index(STEP, 0, 2, local_tier.fingerprint_of(snapshot), found, {0: None, 1: None}, time.time(),
-                           lineage_lib.Lineage('bench', 'peertransfer', base=None))
-  return os.fspath(local_tier.commit(partial, index) / layout.LOCAL_SHARDS)
+  snapshot = local_format.Snapshot(arrays, input_state=None)
+  partial, found = local_format.write_part(folder, STEP, snapshot)
+  index = local_format.index(STEP, 0, 2, local_format.fingerprint_of(snapshot), found, {0: None, 1: None}, time.time(),
+                             lineage_lib.Lineage('bench', 'peertransfer', base=None))
+  return os.fspath(local_format.commit(partial, index) / layout.LOCAL_SHARDS)
 
 
 def _start(*args: str) -> tuple[subprocess.Popen, dict]:
@@ -189,7 +189,7 @@ def _transfer(serve: tuple[str, ...], fetch: tuple[str, ...]) -> dict:
 def peer_transfer(storage: Storage, size: str, pairs: int) -> list[Figure]:
   """The local step streamed donor -> receiver (separate processes, 127.0.0.1) against a raw loopback socket
   copy + fsync of the same shards file, alternating; each side's peak RSS growth during our transfer."""
-  from pax_autockpt import peer_transfer as peer_lib  # pylint: disable=g-import-not-at-top
+  from pax_autockpt.local import peer as peer_lib  # pylint: disable=g-import-not-at-top
   nbytes = SIZES[size]
   donor = os.path.join(storage.workdir, f'peer-{size}-donor')
   shards = _synthetic_step(donor, nbytes)

@@ -1,8 +1,8 @@
 """Bench scenario `planscale`: the restart's local-tier plan at many simulated hosts, pure Python (issue 39).
 
-Every host of a restart runs `local_restore.choose` on every host's HostReport (after the coordination
+Every host of a restart runs `restoring.choose` on every host's HostReport (after the coordination
 service handed them out as JSON), once per restart; buddy copies add a lookup per host without its own copy
-and the keeper/owner arithmetic (pax_autockpt.buddy). Timed here without a model or any process: reports
+and the keeper/owner arithmetic (pax_autockpt.local.buddy). Timed here without a model or any process: reports
 as a restart after a kill sends them (each host its two newest local steps, `--autockpt_local_keep=2`, and
 the buddy copy of its owner's newest; one slice, no replica), at 8, 128 and 1,024 hosts, with every host
 holding its own copy against one host without (a replaced VM, its share in the buddy copy its keeper
@@ -16,8 +16,8 @@ import gc
 import time
 from typing import Any, Callable
 
-from pax_autockpt import buddy
-from pax_autockpt import local_restore
+from pax_autockpt.local import buddy
+from pax_autockpt.local import restoring
 from pax_autockpt.tools.bench import measure
 from pax_autockpt.tools.bench.measure import Figure
 
@@ -27,7 +27,7 @@ NEWEST = 12_000  # the newest local step; the job directory's newest checkpoint 
 _TOKEN = 'job/run-1'
 
 
-def reports(hosts: int, missing: int | None = None) -> dict[int, local_restore.HostReport]:
+def reports(hosts: int, missing: int | None = None) -> dict[int, restoring.HostReport]:
   """Every host's report after a kill: its two newest local steps (its own shards' fingerprint) and the buddy
   copy of its owner's newest step; host `missing` has neither (its disk was replaced)."""
   out = {}
@@ -35,7 +35,7 @@ def reports(hosts: int, missing: int | None = None) -> dict[int, local_restore.H
     gone = host == missing
     has = {} if gone else {step: (f'shards-{host}', _TOKEN) for step in (NEWEST - 100, NEWEST)}
     kept = {} if gone else {NEWEST: (f'shards-{buddy.owner(host, hosts)}', _TOKEN)}
-    out[host] = local_restore.HostReport(f'shards-{host}', has, NEWEST - 1000 if host == 0 else None, kept)
+    out[host] = restoring.HostReport(f'shards-{host}', has, NEWEST - 1000 if host == 0 else None, kept)
   return out
 
 
@@ -60,10 +60,10 @@ def per_call_ms(*fns: Callable[[], Any], min_secs: float = MIN_SECS) -> list[flo
   return [t / calls * 1e3 for t in took]
 
 
-def _plan(encoded: dict[int, str], hosts: int) -> local_restore.Plan | None:
+def _plan(encoded: dict[int, str], hosts: int) -> restoring.Plan | None:
   """What one host does with the reports it received: decode every one, then choose."""
-  found = {h: local_restore.HostReport.decode(t) for h, t in encoded.items()}
-  return local_restore.choose(found, hosts, found[0].bucket)
+  found = {h: restoring.HostReport.decode(t) for h, t in encoded.items()}
+  return restoring.choose(found, hosts, found[0].job_dir)
 
 
 def _bookkeeping(hosts: int) -> None:
@@ -86,7 +86,7 @@ def _measure(hosts: int) -> dict[str, float]:
   """At one host count, every arm taken in turn: choose alone, decode + choose (every host its own copy, and
   host hosts/2 without), the buddy bookkeeping; and the reports' JSON bytes."""
   (own, own_json), (one, one_json) = _arm(hosts, None), _arm(hosts, hosts // 2)
-  choose = lambda found: local_restore.choose(found, hosts, NEWEST - 1000)
+  choose = lambda found: restoring.choose(found, hosts, NEWEST - 1000)
   times = per_call_ms(lambda: choose(own), lambda: choose(one), lambda: _plan(own_json, hosts),
                       lambda: _plan(one_json, hosts), lambda: _bookkeeping(hosts))
   keys = ('choose_own', 'choose_buddy', 'plan_own', 'plan_buddy', 'bookkeeping')
@@ -111,7 +111,7 @@ def _figures(n: int, got: list[dict]) -> list[Figure]:
   one = 'one host\'s share from the buddy copy its keeper holds vs every host its own copy'
   base = 'every host its own copy'
   return [
-      Figure(f'{n} hosts: the restart\'s plan (local_restore.choose), {one}', 'ms', per('choose_buddy'),
+      Figure(f'{n} hosts: the restart\'s plan (restoring.choose), {one}', 'ms', per('choose_buddy'),
              per('choose_own'), base),
       Figure(f'{n} hosts: every report decoded + the plan (what each host runs once per restart), {one}', 'ms',
              per('plan_buddy'), per('plan_own'), base),

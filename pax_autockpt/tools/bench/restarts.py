@@ -9,7 +9,9 @@ the restarted run's phases (its `start` and `first_step` events).
 starts at once (as a scheduler restarts it): kill -> its first trained step, ours with the defaults (the
 compilation cache under the job directory, filled by the killed run) vs ours with
 `--autockpt_compilation_cache=off` vs stock paxml 1.4.0 (its default: no cache). The runs' environment carries
-no JAX_COMPILATION_CACHE_DIR of the caller's.
+no JAX_COMPILATION_CACHE_DIR of the caller's. On local disk each arm's killed job is made once and every pass
+restarts a fresh copy of it (the clock starts when the copy is in place: a SIGKILL takes no time), so that a
+pass of the Medium twin costs its three restarts, not three trainings to its first checkpoint.
 
 Each pass runs the arms in turn (A, B, C, A, B, C, ...), so that this shared machine's drift hits all.
 """
@@ -17,6 +19,7 @@ Each pass runs the arms in turn (A, B, C, A, B, C, ...), so that this shared mac
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import sys
@@ -29,7 +32,7 @@ from pax_autockpt.tools.bench import scenarios
 from pax_autockpt.tools.bench.measure import Figure
 from pax_autockpt.tools.bench.measure import Storage
 
-_TWO_HOSTS = 'pax_autockpt.tools.bench_experiments.TinyMultisliceRareSaves'
+_TWO_HOSTS = 'experiments.bench.TinyMultisliceRareSaves'
 _STEP = re.compile(measure.STEP_DONE)
 _PHASES = ('imported_s', 'distributed_s', 'restore_s', 'compile_s')
 
@@ -111,20 +114,47 @@ def _killed_then_restarted(storage: Storage, argv: list[str], name: str, after_s
   """A run trains past `after_step` (its checkpoint committed) and is SIGKILLed; the same command starts at
   once: kill -> its first trained step."""
   job_dir = storage.job_dir(name)
-  logs = [os.path.join(storage.workdir, f'{name}-{k}.log') for k in ('first', 'again')]
-  first = process.Job([*argv, f'--job_log_dir={job_dir}'], logs[0], env=_env())
+  try:
+    killed = _killed_past(storage, argv, name, after_step)
+    return _restarted(argv, job_dir, os.path.join(storage.workdir, f'{name}-again.log'), killed)
+  finally:
+    storage.clean(job_dir)
+
+
+def _killed_past(storage: Storage, argv: list[str], name: str, after_step: int) -> float:
+  """A run of `argv` in `name`'s job directory trained past `after_step`, then SIGKILLed; returns the kill's time."""
+  first = process.Job([*argv, f'--job_log_dir={storage.job_dir(name)}'],
+                      os.path.join(storage.workdir, f'{name}-first.log'), env=_env())
   try:
     process.wait_until(lambda: _trained_past(first.log(), after_step), f'step {after_step}', 900, 0.1, first)
     killed = time.time()
     first.kill()
-    again = process.Job([*argv, f'--job_log_dir={job_dir}'], logs[1], env=_env())
-    try:
-      return _first_step_after(logs[1], 0) - killed
-    finally:
-      again.kill()
+    return killed
   finally:
     first.kill()
+
+
+def _restarted(argv: list[str], job_dir: str, log: str, since: float) -> float:
+  """The same command started again on `job_dir`: `since` -> its first trained step."""
+  again = process.Job([*argv, f'--job_log_dir={job_dir}'], log, env=_env())
+  try:
+    return _first_step_after(log, 0) - since
+  finally:
+    again.kill()
+
+
+def _restarted_from_copy(storage: Storage, argv: list[str], killed_job: str, name: str) -> float:
+  """A fresh copy of a killed job's directory, restarted: the copy in place -> its first trained step."""
+  job_dir = storage.job_dir(name)
+  try:
+    shutil.copytree(killed_job, job_dir)
+    return _restarted(argv, job_dir, os.path.join(storage.workdir, f'{name}-again.log'), time.time())
+  finally:
     storage.clean(job_dir)
+
+
+def _slug(arm: str) -> str:
+  return arm.replace(' ', '')
 
 
 def _trained_past(log: str, step: int) -> bool:
@@ -137,10 +167,16 @@ def restart_cache(storage: Storage, size: str, pairs: int) -> list[Figure]:
           'cache off': scenarios.ours(f'{size}Autockpt', '--autockpt_notices=off', '--autockpt_compilation_cache=off'),
           'stock': scenarios.stock(f'{size}Stock', scenarios._port_flag())}  # pylint: disable=protected-access
   got = {arm: [] for arm in arms}
+  killed = {} if storage.is_gcs else {arm: _killed_past(storage, argv, f'restartcache-{size}-{_slug(arm)}', 100)
+                                      for arm, argv in arms.items()}
   for i in range(pairs):
     for arm, argv in arms.items():
-      got[arm].append(_killed_then_restarted(storage, argv, f'restartcache-{size}-{arm.replace(" ", "")}-{i}', 100))
+      name = f'restartcache-{size}-{_slug(arm)}-{i}'
+      got[arm].append(_restarted_from_copy(storage, argv, storage.job_dir(name[:name.rindex('-')]), name)
+                      if killed else _killed_then_restarted(storage, argv, name, 100))
     measure.say(f'restart {size} #{i}: ' + ', '.join(f'{a} {v[-1]:.1f} s' for a, v in got.items()))
+  for arm in killed:
+    storage.clean(storage.job_dir(f'restartcache-{size}-{_slug(arm)}'))
   return [Figure(f'kill -> first step of the restart, {size}: cache on (default) vs off', 's', got['ours'],
                  got['cache off'], 'cache off'),
           Figure(f'kill -> first step of the restart, {size}: ours (default) vs stock paxml', 's', got['ours'],

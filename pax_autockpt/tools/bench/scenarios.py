@@ -12,14 +12,14 @@ import time
 
 from pax_autockpt import events as events_lib
 from pax_autockpt import layout
-from pax_autockpt import local_tier
 from pax_autockpt import settings as settings_lib
+from pax_autockpt.local import format as local_format
 from pax_autockpt.tools import process
 from pax_autockpt.tools.bench import measure
 from pax_autockpt.tools.bench.measure import Figure
 from pax_autockpt.tools.bench.measure import Storage
 
-_B = 'pax_autockpt.tools.bench_experiments.'
+_B = 'experiments.bench.'
 OFF = ('--enable_checkpoint_saving=false',)
 CONTINUOUS = ('--autockpt_continuous', '--autockpt_keep_latest=3')
 CONTINUOUS_1S = (*CONTINUOUS, '--autockpt_min_interval_secs=1')
@@ -564,11 +564,11 @@ def _local_flags(storage: Storage, name: str) -> tuple[str, ...]:
 def _restorable(run_events: list[dict], job_dir: str, local: str | None) -> tuple[int, float]:
   """What a restart would restore after a kill (the newest committed step in either tier) and when that
   step was trained (its save's capture)."""
-  bucket = layout.newest_committed(layout.checkpoint_dir(job_dir))
+  job_dir_step = layout.newest_committed(layout.checkpoint_dir(job_dir))
   local_step = layout.local_committed_steps(local)[-1] if local and layout.local_committed_steps(local) else None
-  step = max(s for s in (bucket, local_step) if s is not None)
+  step = max(s for s in (job_dir_step, local_step) if s is not None)
   if step == local_step:  # the index says when (on gs:// a killed process's last events may never upload)
-    return step, local_tier.read_index(layout.local_step_dir(local, step))['captured_at']
+    return step, local_format.read_index(layout.local_step_dir(local, step))['captured_at']
   captured = [e['t'] for e in run_events if e['event'] == 'save_started' and e['step'] == step]
   if not captured:
     raise RuntimeError(f'no save_started event of step {step} in {job_dir}: the kill came before its upload')
@@ -606,23 +606,24 @@ def _killed_and_restored(storage: Storage, size: str, name: str, secs: float, fl
 
 def local_tier_kill(storage: Storage, size: str, pairs: int, secs: float = 30.0) -> list[Figure]:
   """An unplanned kill (SIGKILL, no save) after `secs` of training: the local tier every 1 s (Pax's
-  interval saves to the bucket beside it) against bucket-only continuous saving; then each restart's
-  restore (the local tier's step from the local disk, the other's from the bucket)."""
-  with_local, bucket_only = [], []
+  interval saves to the job directory beside it) against continuous saving to the job directory only; then each
+  restart's restore (the local tier's step from the local disk, the other's from the job directory). The figures'
+  names keep 'bucket' (bench/results.json holds them by name; measured on gcs30, a bucket indeed)."""
+  with_local, job_dir_only = [], []
   for i in range(pairs):
     name = f'local-{size}-{storage.name}-{i}'
     flags = _local_flags(storage, name)
     with_local.append(_killed_and_restored(storage, size, name, secs, flags,
                                            os.path.join(storage.workdir, f'{name}-local-0')))
-    bucket_only.append(_killed_and_restored(storage, size, f'bucket-{size}-{storage.name}-{i}', secs,
-                                            CONTINUOUS, None))
+    job_dir_only.append(_killed_and_restored(storage, size, f'jobdir-{size}-{storage.name}-{i}', secs,
+                                             CONTINUOUS, None))
     for folder in (f'{name}-local-0',):
       shutil.rmtree(os.path.join(storage.workdir, folder), ignore_errors=True)
   where = f'{size}, {storage.name}'
   return [Figure(f'training lost on an unplanned kill, local tier every 1 s vs bucket-only continuous, {where}', 's',
-                 [r['lost'] for r in with_local], [r['lost'] for r in bucket_only], 'bucket-only continuous'),
+                 [r['lost'] for r in with_local], [r['lost'] for r in job_dir_only], 'bucket-only continuous'),
           Figure(f'restore after the kill, local tier vs bucket, {where}', 's', [r['restore'] for r in with_local],
-                 [r['restore'] for r in bucket_only], 'bucket')]
+                 [r['restore'] for r in job_dir_only], 'bucket')]
 
 
 _LOCAL_RATE = r'\[autockpt\] local tier: \d+ commit\(s\) in the last [\d.]+ s \(one every ([\d.]+) s\)'
@@ -630,7 +631,7 @@ _LOCAL_RATE = r'\[autockpt\] local tier: \d+ commit\(s\) in the last [\d.]+ s \(
 
 def local_step_time(storage: Storage, pairs: int, secs: float) -> list[Figure]:
   """Step time with the local tier at its default cadence (no --autockpt_local_min_interval_secs: 20x the
-  previous local save's duration, at least 1 s) against without (the tiny state; no bucket saves in either),
+  previous local save's duration, at least 1 s) against without (the tiny state; no job directory saves in either),
   and the interval between local commits the default gave (the log's 10 s summaries, median per run)."""
   on, off, every = [], [], []
   for i in range(pairs):

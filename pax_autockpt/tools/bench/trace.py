@@ -19,7 +19,7 @@ window long enough for that would take hours per arm. The trace therefore weighs
 more than production would: it ranks the arms, it does not predict a production goodput.
 
 Arms, each on the tiny model with Pax's interval every 1,000 steps (~15-25 s here;
-bench_experiments.TinyTraceStock / TinyTraceAutockpt):
+experiments.bench.TinyTraceStock / TinyTraceAutockpt):
 - `stock`: stock paxml 1.4.0 main.py with the Autocheckpoint guide's two flags (`--jax_fully_async_checkpoint
   --exit_after_ondemand_checkpoint`), the interval saves;
 - `ours_jobdir`: `python -m pax_autockpt.main`: the interval saves and the on-demand save on SIGTERM;

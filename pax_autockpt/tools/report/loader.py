@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable
 
 from etils import epath
 
+from pax_autockpt import costs
 from pax_autockpt import events
 from pax_autockpt import layout
 from pax_autockpt.tools.report import model
@@ -148,8 +149,8 @@ def _run(host: int, index: int, rev: list[_Event]) -> model.Run:
       imported_s=values.number(start_rec.get('imported_s')),
       distributed_s=values.number(start_rec.get('distributed_s')),
       t_first_step=first.t if first else None, compile_s=values.number(first.rec.get('compile_s')) if first else None,
-      restored_from=values.string(start_rec.get('restored_from')) or
-      ('bucket' if restored is not None else None))  # a start logged before the field: the job directory's
+      restored_from=events.restored_tier(values.string(start_rec.get('restored_from'))) or
+      (events.JOB_DIR if restored is not None else None))  # a start logged before the field: the job directory's
 
 
 def _reached_by_the_next(run_by_key: dict[tuple[int, int], model.Run]) -> None:
@@ -275,7 +276,7 @@ def _per_commit(mine: list[_Event]) -> tuple[list[float], list[float | None]]:
   """Each local commit's interval and duration, so that the figures are the commits', not the events'.
 
   An event sums up `commits` commits with their mean `interval_s` and the newest one's `duration_s`
-  (pax_autockpt.local_saves.CommitSummary): both stand for each of its commits, or a minute of 120 commits
+  (pax_autockpt.local.saving.CommitTally): both stand for each of its commits, or a minute of 120 commits
   would weigh as much as the run's first. Logs written before that have one event per commit, and the gaps
   between them are the intervals.
   """
@@ -291,7 +292,7 @@ def _per_commit(mine: list[_Event]) -> tuple[list[float], list[float | None]]:
 def _local_tier(evs: list[_Event], runs: list[model.Run]) -> model.LocalTier | None:
   """The local tier's commits on the lowest host that logged any, and the tier each job run restored."""
   local = [e for e in evs if e.name == 'local_committed' and _step(e) is not None]
-  if not local and all(r.restored_from != 'local' for r in runs):
+  if not local and all(r.restored_from != events.LOCAL for r in runs):
     return None
   host = min((e.host for e in local), default=0)
   mine = [e for e in local if e.host == host]
@@ -319,9 +320,12 @@ def _adaptive(evs: list[_Event]) -> tuple[float | None, float | None]:
 
 
 def _save_cost(started: list[model.Save]) -> float | None:
-  """Goodput's delta: the mean blocking time of the saves a preemption did not force."""
-  costs = [s.blocking_s for s in started if s.reason != 'preemption' and s.blocking_s is not None]
-  return sum(costs) / len(costs) if costs else None
+  """Goodput's delta: the mean blocking time of the saves a preemption did not force, by training's own rule
+  (`pax_autockpt.costs`), so that the report's delta is the one the adaptive interval used."""
+  save_costs = costs.SaveCosts()
+  for s in started:
+    save_costs.add_blocking(s.reason, s.blocking_s)
+  return save_costs.blocking_s
 
 
 # ----------------------------------------------------------------------------------------------
@@ -395,7 +399,7 @@ class _HostRestart:
   lower_bound: bool               # the previous run had no exit event
   downtime_s: float | None        # previous run's last event -> this run's start
   startup_s: float | None         # start -> first save, less the steps trained in between
-  restored_from: str | None       # 'local', 'bucket' or None
+  restored_from: str | None       # 'local', 'job_dir' or None
   previous_exit_code: int | None
   phases: model.RestartPhases | None = None
 

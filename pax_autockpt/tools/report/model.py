@@ -51,7 +51,7 @@ class Run:
   reached_step: int | None        # exit step, else max_step (after a kill: at least the next run's restored step)
   # (time, step) for the plot; left out of the JSON output.
   points: list[tuple[float, int]] = dataclasses.field(default_factory=list, repr=False)
-  restored_from: str | None = None  # 'local', 'bucket' or None (fresh, or not recorded)
+  restored_from: str | None = None  # 'local', 'job_dir' or None (fresh, or not recorded)
   restore_s: float | None = None  # how long its restore took (None: nothing restored, or a log before the field)
   process_start_t: float | None = None  # its process's start (None: not recorded: off Linux, or an older log)
   imported_s: float | None = None  # process start -> pax_autockpt.main's imports done
@@ -129,7 +129,7 @@ class Restart:
   downtime_s: float | None
   startup_s: float | None
   cost_s: float | None
-  restored_from: str | None = None  # the tier the new run restored from: 'local', 'bucket' or None
+  restored_from: str | None = None  # the tier the new run restored from: 'local', 'job_dir' or None
   previous_exit_code: int | None = None  # how the previous run ended (None: killed, or not recorded)
   phases: RestartPhases | None = None  # None: the `start` records no process start (off Linux, an older log)
 
@@ -140,7 +140,7 @@ class LocalTier:
   saves_committed: int            # local steps committed (on the lowest host that logged any)
   interval_s: Stats               # between consecutive local commits of one run (per summary: its mean)
   duration_s: Stats               # a local save's start -> its commit
-  restored_from: list[str | None]  # per job run: 'local', 'bucket' or None (fresh, or not recorded)
+  restored_from: list[str | None]  # per job run: 'local', 'job_dir' or None (fresh, or not recorded)
   count_lower_bound: bool = False  # a run that summed up its commits was killed: its last summary's are unlogged
   # (time, newest step) of each local_committed event, for the plot; left out of the JSON output.
   points: list[tuple[float, int]] = dataclasses.field(default_factory=list, repr=False)

@@ -179,7 +179,7 @@ def _local_lines(r: model.Report) -> list[str]:
   return [f'local tier: {count}, interval P50/P90 {gaps}, duration P50 {took}; each run started from: {tiers}']
 
 
-_TIERS = {None: 'fresh', 'bucket': 'the job directory', 'local': 'the local tier'}
+_TIERS = {None: 'fresh', 'job_dir': 'the job directory', 'local': 'the local tier'}
 
 
 _BADPUT_WORDS = (('wasted_progress', 'wasted progress'), ('training_prep', 'start-up to the first step'),

@@ -1,7 +1,7 @@
 """Experiments for `make bench`, `make soak` and the end-to-end tests: stock baselines (no hook), larger CPU
 states, and the tiny model with paced (or blocking) inputs and long evals and decodes.
 
-`--exp=pax_autockpt.tools.bench_experiments.<Name>`. The `*Stock` classes are the same models without
+`--exp=experiments.bench.<Name>`. The `*Stock` classes are the same models without
 AutockptMixin, for stock paxml/main.py; the others carry the hook.
 """
 

@@ -1,6 +1,6 @@
 """The local tier's on-disk form: one host's shards of one step, on that host's own disk.
 
-A bucket save goes through orbax and tensorstore (per-array metadata, chunking, compression, a round trip
+A job-directory save goes through orbax and tensorstore (per-array metadata, chunking, compression, a round trip
 per object); the local tier needs none of that: the reader is the same host (or a peer holding the same
 shards, after a replaced VM) on the same topology. So a local step is this host's shards written raw,
 back to back, into one file (`shards.bin`), with an index (`index.json`): each array's shape and dtype,
@@ -15,7 +15,7 @@ import base64
 import dataclasses
 import json
 import os
-from typing import Any
+from typing import Any, Collection
 
 from etils import epath
 import jax
@@ -24,10 +24,10 @@ import numpy as np
 import xxhash
 
 from pax_autockpt import agreement
-from pax_autockpt import background_save
+from pax_autockpt import input_position
 from pax_autockpt import layout
-from pax_autockpt import lineage as lineage_lib
 from pax_autockpt import manifest as manifest_lib
+from pax_autockpt.local import lineage as lineage_lib
 
 FORMAT = 2  # 2: the index has a digest and a lineage
 READ_CHUNK_BYTES = 64 << 20  # a local step is read in chunks this size, each a sign of progress
@@ -70,8 +70,8 @@ def capture(train_state: Any, pipeline: Any = None) -> Snapshot:
     arrays[name] = (tuple(x.shape), str(x.dtype), shards)
   state = None
   if pipeline is not None:
-    taken = background_save.input_snapshot(pipeline)
-    state = taken.state if isinstance(taken, background_save.InputSnapshot) else None
+    taken = input_position.input_snapshot(pipeline)
+    state = taken.state if isinstance(taken, input_position.InputSnapshot) else None
   return Snapshot(arrays, state)
 
 
@@ -131,6 +131,24 @@ def commit(partial: epath.Path, index: dict[str, Any]) -> epath.Path:
   if replaced.exists():
     replaced.rmtree()
   return final
+
+
+def prune(folder: epath.PathLike, keep: Collection[int], partials_from: int | None = None) -> None:
+  """Every step entry of `folder` but the `keep` steps goes: other committed steps, `.partial`s a kill left,
+  anything else named as a step. One rule for a host's own steps (pax_autockpt.local.saving) and the buddy copy
+  it keeps (pax_autockpt.local.buddy), so the two cannot drift. `partials_from`: the `.partial`s of that step
+  and newer stay (a buddy copy in flight, which the next fetch resumes). OSError: the caller's to log."""
+  folder = epath.Path(folder)
+  kept = {layout.local_step_dir(folder, s).name for s in keep}
+  if partials_from is not None:
+    kept |= {p.name for s, p in layout.local_partials(folder) if s >= partials_from}
+  for entry in folder.iterdir():
+    if not entry.name.startswith('step_') or entry.name in kept:
+      continue
+    if entry.is_dir():
+      entry.rmtree()
+    else:
+      entry.unlink()
 
 
 def index(step: int, host: int, hosts: int, fp: str, arrays: dict[str, Any], inputs: dict[int, bytes | None],

@@ -1,20 +1,20 @@
-"""Continuous saves to the local tier, beside the bucket's checkpoints.
+"""Continuous saves to the local tier, beside the job directory's checkpoints.
 
-Every host, every iteration, asks one agreed question (the primary host decides, as for the bucket's
+Every host, every iteration, asks one agreed question (the primary host decides, as for the job directory's
 saves): is a local save due (the previous one finished, the minimum interval passed, no signal)? The
 interval is `local_min_interval_secs` when set, else it sets itself from the previous local save's cost
 (`auto_interval`), so that the tier's default costs training little.
 If so each host copies the shards it holds and its input position on the training thread, and one
-background thread writes them (pax_autockpt.local_tier). A local step is committed on a host only once
+background thread writes them (pax_autockpt.local.format). A local step is committed on a host only once
 every host wrote its part: each host publishes "done, with my input position" through the coordination
 service, waits (bounded) for all the others, writes every host's input position into its index (so
 that a peer can restore a replaced host's position too) and renames. A host killed mid-save leaves its
 peers' parts uncommitted after the bound, never a step some host lacks a part of. No device collective
-runs in the background. Each step records its lineage (pax_autockpt.lineage), taken with the state. After a
+runs in the background. Each step records its lineage (pax_autockpt.local.lineage), taken with the state. After a
 commit the newest `local_keep` steps this run committed stay; every other committed step in the directory
 (older ones, another job's, a rolled-back lineage's) goes.
 
-A tier that cannot wedge or be shared: the directory is held by this process (pax_autockpt.local_lock) before
+A tier that cannot wedge or be shared: the directory is held by this process (pax_autockpt.local.lock) before
 anything in it is read or deleted; leftovers (`.partial`s a kill left, steps this run will not keep) go before
 each save needs their room, not only after a commit, so a directory sized for `local_keep + 1` steps never
 fills after a SIGKILL; the first save says in one line when `local_keep + 1` steps of this host's share cannot
@@ -38,10 +38,10 @@ from pax_autockpt import coordination
 from pax_autockpt import events as events_lib
 from pax_autockpt import failures
 from pax_autockpt import layout
-from pax_autockpt import lineage as lineage_lib
-from pax_autockpt import local_lock
-from pax_autockpt import local_tier
 from pax_autockpt import signals
+from pax_autockpt.local import format as local_format
+from pax_autockpt.local import lineage as lineage_lib
+from pax_autockpt.local import lock
 
 PEER_WAIT_SECS = 60.0  # a peer that has not written its part by then is gone: this step is not committed
 SUMMARY_SECS = 60.0  # at most one `local_committed` event per this long (after the run's first)
@@ -57,7 +57,7 @@ class LocalSaves:
   def __init__(self, folder: epath.PathLike, *, min_interval_secs: float | None, keep: int, events: events_lib.EventLog,
                lineage: lineage_lib.Tracker, on_commit: Callable[[int], None] | None = None):
     self.folder = epath.Path(folder)
-    local_lock.hold(self.folder, events.job_log_dir, events.host)  # made, and this job's, before anything here goes
+    lock.hold(self.folder, events.job_log_dir, events.host)  # made, and this job's, before anything here goes
     self._host, self._hosts = events.host, jax.process_count()
     self._client = coordination.client() if self._hosts > 1 else None
     self._min_interval = min_interval_secs  # None: set from the measured cost (auto_interval)
@@ -76,7 +76,7 @@ class LocalSaves:
     self._lines = {lineage.token}  # the saves whose own step stays while its buddy copy does: this run's (+ restored)
     self._tokens: dict[str, str] = {}  # a committed step's lineage token, by its path (read once)
     self._room_checked = False  # whether the first save checked the free space yet
-    self._summary = CommitSummary(events)
+    self._tally = CommitTally(events)
     self._failures = FailureSummary(events)
     self._on_commit = on_commit  # after every host committed a step (buddy copies)
 
@@ -98,7 +98,7 @@ class LocalSaves:
     self._last_start, self._newest = time.monotonic(), step
     jax.block_until_ready(train_state)
     captured = time.monotonic()  # the save's cost counts from here, not the wait for the step it saves
-    snapshot = local_tier.capture(train_state, pipeline)
+    snapshot = local_format.capture(train_state, pipeline)
     began = (time.time(), captured)
     self._thread = threading.Thread(target=self._finish, args=(step, snapshot, began, self._lineage.at(step)),
                                     name=f'autockpt-local-{step}', daemon=True)
@@ -109,7 +109,7 @@ class LocalSaves:
     commits since the last summary are recorded."""
     if self._thread is not None:
       self._thread.join(timeout)
-    self._summary.write()
+    self._tally.write()
     self._failures.report()
 
   @property
@@ -118,7 +118,7 @@ class LocalSaves:
 
   def _due(self, step: int) -> bool:
     """On the primary: a step not saved locally yet, the previous local save done, the interval passed, and
-    no signal (the grace period is the bucket save's)."""
+    no signal (the grace period is the job-directory save's)."""
     idle = not self.in_flight and time.monotonic() - self._last_start >= self._interval()
     return idle and step > self._newest and signals.received() is None
 
@@ -137,18 +137,18 @@ class LocalSaves:
       logging.info('[autockpt] local tier: a local save at most every %.2f s now (%s).', interval, why)
     return interval
 
-  def _finish(self, step: int, snapshot: local_tier.Snapshot, began: tuple[float, float],
+  def _finish(self, step: int, snapshot: local_format.Snapshot, began: tuple[float, float],
               lineage: lineage_lib.Lineage) -> None:
     """In the background: this host's part, every host's input positions, the commit, the pruning.
     `began`: the capture's wall-clock time (for the index) and monotonic time (for the duration)."""
     partial = None
     try:
       self._make_room(snapshot.nbytes)
-      partial, arrays = local_tier.write_part(self.folder, step, snapshot)
+      partial, arrays = local_format.write_part(self.folder, step, snapshot)
       inputs = self._exchange(step, snapshot.input_state)
-      fp = local_tier.fingerprint_of(snapshot)
-      local_tier.commit(partial, local_tier.index(step, self._host, self._hosts, fp, arrays, inputs, began[0],
-                                                  lineage))
+      fp = local_format.fingerprint_of(snapshot)
+      local_format.commit(partial, local_format.index(step, self._host, self._hosts, fp, arrays, inputs, began[0],
+                                                      lineage))
     except Exception as e:  # pylint: disable=broad-except
       self._cost = time.monotonic() - began[1]
       self._failures.failed(step, e, snapshot.nbytes)
@@ -158,9 +158,9 @@ class LocalSaves:
     self._cost = time.monotonic() - began[1]
     self._mine.append(step)
     recovered = self._failures.report(committed=step)
-    self._summary.add(step, self._cost, snapshot.nbytes)
+    self._tally.add(step, self._cost, snapshot.nbytes)
     if recovered:
-      self._summary.write(log=False)  # at once: the event log (and `status`) reads the tier as working again
+      self._tally.write(log=False)  # at once: the event log (and `status`) reads the tier as working again
     self._prune()
     if self._on_commit is not None:
       self._on_commit(step)
@@ -190,7 +190,7 @@ class LocalSaves:
   def _keeps(self) -> set[int]:
     """The steps this run keeps: its newest `keep` commits (before the first, the local step it restored), and
     each own step this host keeps a buddy copy of the same save of (its own half of that state,
-    pax_autockpt.buddy): this run's, or the one it restored. Not a pair another run left (a rerun without buddy
+    pax_autockpt.local.buddy): this run's, or the one it restored. Not a pair another run left (a rerun without buddy
     copies, whose `buddy/` nothing renews), nor an own step that only shares the copy's number."""
     kept = set(self._mine[-self._keep:]) or {s for s in [self._restored] if s is not None}
     return kept | {s for s in layout.local_committed_steps(layout.local_buddy_dir(self.folder)) if self._paired(s)}
@@ -203,8 +203,8 @@ class LocalSaves:
     """The lineage token of a committed local step (None: unreadable, damaged, absent)."""
     if str(step_dir) not in self._tokens:
       try:
-        self._tokens[str(step_dir)] = local_tier.lineage_of(local_tier.read_index(step_dir)).token
-      except (local_tier.LocalDamage, OSError):
+        self._tokens[str(step_dir)] = local_format.lineage_of(local_format.read_index(step_dir)).token
+      except (local_format.LocalDamage, OSError):
         return None
     return self._tokens[str(step_dir)]
 
@@ -212,15 +212,9 @@ class LocalSaves:
     """Every step entry this run does not keep goes (the directory is this run's): `.partial`s a kill left,
     older steps, another job's or lineage's, damaged ones. Before each save as well as after each commit, so
     that a directory with room for `keep + 1` steps always has room for the next one."""
-    kept = {layout.local_step_dir(self.folder, s).name for s in self._keeps()}
+    kept = self._keeps()
     try:
-      for entry in self.folder.iterdir():
-        if not entry.name.startswith('step_') or entry.name in kept:
-          continue
-        if entry.is_dir():
-          entry.rmtree()
-        else:
-          entry.unlink()
+      local_format.prune(self.folder, kept)
     except OSError as e:
       logging.warning('[autockpt] could not prune the local tier %s: %s', self.folder, failures.one_line(e))
 
@@ -344,7 +338,7 @@ class _Window:
                 duration=duration, nbytes=nbytes)
 
 
-class CommitSummary:
+class CommitTally:
   """The local tier's commits, summed up: in the event log one `local_committed` event for the run's first
   commit, then one per `SUMMARY_SECS` for every commit since the previous one (`commits`, their mean
   `interval_s`, the newest's `step`, `duration_s` and `bytes`); in the log one line per `LOG_SECS` (commits,

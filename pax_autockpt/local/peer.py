@@ -47,7 +47,7 @@ import xxhash
 from pax_autockpt import agreement
 from pax_autockpt import failures
 from pax_autockpt import layout
-from pax_autockpt import local_tier
+from pax_autockpt.local import format as local_format
 
 BUFFER_BYTES = 1 << 20  # what a transfer holds in memory at a time, on either side
 SECRET_HEADER = 'X-Autockpt-Secret'
@@ -357,21 +357,6 @@ class PeerServer:
 # --- the receiver ---------------------------------------------------------------------------------
 
 
-def fetch_step_from(donors: list[tuple[str, int]], secret: str, step: int, folder: epath.PathLike, *,
-                    timeout: float = 30.0, max_bytes_per_sec: float | None = None) -> epath.Path:
-  """Local step `step` from the first donor that serves it whole, each resuming what the one before left;
-  the last PeerUnavailable when none could. A refusal or damage ends the attempt: the one secret given
-  holds for every donor listed, and damage removed the partial copy."""
-  error = PeerUnavailable('no donor')
-  for address in donors:
-    try:
-      return fetch_step(address, secret, step, folder, timeout=timeout, max_bytes_per_sec=max_bytes_per_sec)
-    except PeerUnavailable as e:
-      logging.warning('[autockpt] peer transfer: %s', e)
-      error = e
-  raise error
-
-
 def fetch_step(address: tuple[str, int], secret: str, step: int, folder: epath.PathLike, *,
                timeout: float = 30.0, max_bytes_per_sec: float | None = None) -> epath.Path:
   """Local step `step` from the donor at `address` into `folder`, committed only once every shard matched
@@ -388,10 +373,10 @@ def fetch_step(address: tuple[str, int], secret: str, step: int, folder: epath.P
   try:
     _receive_shards(address, secret, step, partial / layout.LOCAL_SHARDS, _entries(found, where), timeout,
                     max_bytes_per_sec)
-  except local_tier.LocalDamage:
+  except local_format.LocalDamage:
     partial.rmtree(missing_ok=True)
     raise
-  return local_tier.commit(partial, found)  # writes the index as the donor's commit did, digest included
+  return local_format.commit(partial, found)  # writes the index as the donor's commit did, digest included
 
 
 def fetch_step_in_parallel(donors: list[tuple[tuple[str, int], str]], step: int, folder: epath.PathLike, *,
@@ -414,12 +399,12 @@ def fetch_step_in_parallel(donors: list[tuple[tuple[str, int], str]], step: int,
     with concurrent.futures.ThreadPoolExecutor(max(1, len(parts)), thread_name_prefix='autockpt-peer-fetch') as pool:
       for done in [pool.submit(_fetch_part, donors, i, part, path, step, timeout) for i, part in enumerate(parts)]:
         done.result()
-  except local_tier.LocalDamage:
+  except local_format.LocalDamage:
     partial.rmtree(missing_ok=True)
     raise
   with open(path, 'rb+') as f:
     os.fsync(f.fileno())
-  return local_tier.commit(partial, found)
+  return local_format.commit(partial, found)
 
 
 def _split(entries: list[tuple[int, int, str, str]], n: int) -> list[list[tuple[int, int, str, str]]]:
@@ -448,7 +433,7 @@ def _fetch_part(donors: list[tuple[tuple[str, int], str]], first: int, part: lis
       try:
         with _get(address, secret, step, layout.LOCAL_SHARDS, check.size, timeout, end=check.total) as response:
           if response.length != check.total - check.size:
-            raise local_tier.LocalDamage(f'{where}: {response.length} bytes for {check.size}-{check.total}')
+            raise local_format.LocalDamage(f'{where}: {response.length} bytes for {check.size}-{check.total}')
           _copy(response, lambda data, offset: os.pwrite(fd, data, offset), check, where)
         return
       except PeerUnavailable as e:
@@ -464,9 +449,9 @@ def _index(address: tuple[str, int], secret: str, step: int, timeout: float) -> 
   where = f'{address[0]}:{address[1]} step {step}'
   with _get(address, secret, step, layout.LOCAL_INDEX, 0, timeout) as response:
     text = _read(response, f'{where} {layout.LOCAL_INDEX}', INDEX_LIMIT).decode('utf-8', 'replace')
-  found = local_tier.parse_index(text, f'{where} {layout.LOCAL_INDEX}')
+  found = local_format.parse_index(text, f'{where} {layout.LOCAL_INDEX}')
   if found.get('step') != step:
-    raise local_tier.LocalDamage(f'{where}: the index is step {found.get("step")}\'s')
+    raise local_format.LocalDamage(f'{where}: the index is step {found.get("step")}\'s')
   return found
 
 
@@ -478,13 +463,13 @@ def _entries(found: dict[str, Any], where: str) -> list[tuple[int, int, str, str
                      for name, entry in found['arrays'].items()
                      for key, (offset, nbytes, digest) in entry['shards'].items())
   except (KeyError, TypeError, ValueError, AttributeError) as e:
-    raise local_tier.LocalDamage(f'{where}: {type(e).__name__}: {e}') from None
+    raise local_format.LocalDamage(f'{where}: {type(e).__name__}: {e}') from None
   end = 0
   for offset, nbytes, digest, what in entries:
     if not (type(offset) is int and type(nbytes) is int and nbytes >= 0 and isinstance(digest, str)):
-      raise local_tier.LocalDamage(f'{where}: {what}: not an offset, a size and a digest')
+      raise local_format.LocalDamage(f'{where}: {what}: not an offset, a size and a digest')
     if offset != end:
-      raise local_tier.LocalDamage(f'{where}: {what} at {offset}, after bytes up to {end} (a gap or an overlap)')
+      raise local_format.LocalDamage(f'{where}: {what} at {offset}, after bytes up to {end} (a gap or an overlap)')
     end += nbytes
   return entries
 
@@ -511,7 +496,7 @@ class _Check:
     while self._next < len(self._entries) and sum(self._entries[self._next][:2]) == self.size:
       _, _, digest, what = self._entries[self._next]
       if self._hash.hexdigest() != digest:
-        raise local_tier.LocalDamage(f'{self._where}: {what} does not match its digest')
+        raise local_format.LocalDamage(f'{self._where}: {what} does not match its digest')
       self._next, self._hash = self._next + 1, xxhash.xxh3_64()
 
 
@@ -525,8 +510,8 @@ def _receive_shards(address: tuple[str, int], secret: str, step: int, path: epat
   if check.size < check.total:
     with _get(address, secret, step, layout.LOCAL_SHARDS, check.size, timeout) as response:
       if response.length != check.total - check.size:
-        raise local_tier.LocalDamage(f'{where}: {layout.LOCAL_SHARDS} answered {response.length} bytes from '
-                                     f'{check.size}; its index says {check.total - check.size}')
+        raise local_format.LocalDamage(f'{where}: {layout.LOCAL_SHARDS} answered {response.length} bytes from '
+                                       f'{check.size}; its index says {check.total - check.size}')
       with open(path, 'ab') as f:
         _copy(response, lambda data, unused_offset: f.write(data), check, where, max_bytes_per_sec)
   with open(path, 'rb+') as f:
@@ -544,7 +529,7 @@ def _resumable(path: epath.Path, entries: list[tuple[int, int, str, str]], where
         while n := f.readinto(view):
           check.feed(view[:n])
       return check
-    except local_tier.LocalDamage as e:
+    except local_format.LocalDamage as e:
       logging.info('[autockpt] peer transfer: the partial copy does not match (%s); fetching it whole', e)
   open(path, 'wb').close()
   return _Check(entries, where)
@@ -589,7 +574,7 @@ def _get(address: tuple[str, int], secret: str, step: int, name: str, start: int
     if response.status == 403:
       raise PeerRefused(f'{where}: the donor refused this job\'s secret')
     if response.status == 416:
-      raise local_tier.LocalDamage(f'{where}: {name} is shorter than its index says (416 from byte {start})')
+      raise local_format.LocalDamage(f'{where}: {name} is shorter than its index says (416 from byte {start})')
     if response.status != (206 if ranged else 200):
       raise PeerUnavailable(f'{where}: {name}: HTTP {response.status} {response.reason}')
     yield response
@@ -600,7 +585,7 @@ def _read(response: http.client.HTTPResponse, where: str, limit: int) -> bytes:
   (LocalDamage past it: not an answer this code wrote); PeerUnavailable when the connection ends before its
   length."""
   if (response.length or 0) > limit:
-    raise local_tier.LocalDamage(f'{where}: an answer of {response.length} bytes, over {limit}')
+    raise local_format.LocalDamage(f'{where}: an answer of {response.length} bytes, over {limit}')
   parts, size = [], 0
   try:
     if response.length is not None:
@@ -611,5 +596,5 @@ def _read(response: http.client.HTTPResponse, where: str, limit: int) -> bytes:
   except (OSError, http.client.HTTPException) as e:
     raise PeerUnavailable(f'{where}: {failures.one_line(e)}') from None
   if size > limit:
-    raise local_tier.LocalDamage(f'{where}: an answer without a length, longer than {limit} bytes')
+    raise local_format.LocalDamage(f'{where}: an answer without a length, longer than {limit} bytes')
   return b''.join(parts)

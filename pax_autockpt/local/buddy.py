@@ -4,15 +4,15 @@ Without a data-parallel replica (a model sharded over every host of one slice) a
 no peer holding its shards, and every host falls back to the job directory. With buddy copies each host's
 newest committed local step is also on one other host, its keeper: the same host of the next slice where
 there are several slices (losing one slice then never takes both copies), else the next host. After each
-local commit the keeper streams that step from its owner over the peer path (pax_autockpt.peer_transfer:
+local commit the keeper streams that step from its owner over the peer path (pax_autockpt.local.peer:
 this job's secret, each shard checked against its digest as it arrives, a `.partial` committed by rename)
 into `buddy/` of its own local tier, on one background thread at the background nice value and capped at
 `local_buddy_mb_per_sec`, and keeps only the newest copy. A copy that falls behind skips to the newest
 commit; one that fails logs a line and the next commit tries again. A restart's plan
-(pax_autockpt.local_restore) uses a buddy copy after a host's own copy and a replica's. The owner serves only
+(pax_autockpt.local.restoring) uses a buddy copy after a host's own copy and a replica's. The owner serves only
 the steps this run committed; the coordination service carries only its address and secret.
 
-Nothing ends the copying thread (issue 46): a taken port is a free one (pax_autockpt.peer_transfer), a server
+Nothing ends the copying thread (issue 46): a taken port is a free one (pax_autockpt.local.peer), a server
 that cannot start is published at once as an error under its address's key (its keeper says so in a line
 instead of waiting ADDRESS_WAIT_MS at each commit) while this host goes on copying its owner's, and any
 other failure is a line at most once a minute and `BuddyCopies.serving` / `server_error` / `copy_error`.
@@ -26,11 +26,12 @@ import time
 from absl import logging
 from etils import epath
 
-from pax_autockpt import background_save
 from pax_autockpt import coordination
 from pax_autockpt import failures
 from pax_autockpt import layout
-from pax_autockpt import peer_transfer
+from pax_autockpt import priority
+from pax_autockpt.local import format as local_format
+from pax_autockpt.local import peer
 
 RETRY_SECS = 10.0  # an owner renames its step a moment after its keeper does: a 404 is retried this long
 ADDRESS_WAIT_MS = 60_000  # every host publishes its address before the first local commit can happen
@@ -70,7 +71,7 @@ class BuddyCopies:
     self._log = _Log()
     self._host, self._keeper, self._address = host, keeper(host, hosts, slices), (address, port)
     self._hosts = hosts
-    self._server: peer_transfer.PeerServer | None = None
+    self._server: peer.PeerServer | None = None
     self.serving = False  # this host's steps are served to its keeper (what `status` can show)
     self.server_error: str | None = None  # why they are not
     self.copy_error: str | None = None  # the newest copy's failure; None once a copy succeeded
@@ -80,11 +81,11 @@ class BuddyCopies:
     """On the copying thread, at the background nice value (the server's threads inherit it: serving a copy
     yields the CPU to training as copying one does): the server, its address and secret published for the
     keeper; or, when it cannot start, its error under the same key, at once."""
-    background_save.lower_priority(self._nice)
-    secret = peer_transfer.new_secret()
+    priority.lower_priority(self._nice)
+    secret = peer.new_secret()
     try:
-      self._server = peer_transfer.PeerServer(self._serve, secret, host=self._address[0], port=self._address[1],
-                                              hosts=self._hosts)
+      self._server = peer.PeerServer(self._serve, secret, host=self._address[0], port=self._address[1],
+                                     hosts=self._hosts)
       published = {'address': list(self._server.start()), 'secret': secret}
       self.serving = True
     except Exception as e:  # pylint: disable=broad-except  (this host still keeps its owner's copy)
@@ -155,12 +156,12 @@ class BuddyCopies:
       key = f'{coordination.BUDDY_ADDRESSES}{self.owner}'
       self._peer = json.loads(self._client.blocking_key_value_get(key, ADDRESS_WAIT_MS))
     if 'error' in self._peer:
-      raise peer_transfer.PeerUnavailable(f'host {self.owner} serves no copies: {self._peer["error"]}')
+      raise peer.PeerUnavailable(f'host {self.owner} serves no copies: {self._peer["error"]}')
     while True:
       try:
-        return peer_transfer.fetch_step(tuple(self._peer['address']), self._peer['secret'], step, self.kept,
-                                        max_bytes_per_sec=self._rate)
-      except peer_transfer.PeerUnavailable:
+        return peer.fetch_step(tuple(self._peer['address']), self._peer['secret'], step, self.kept,
+                               max_bytes_per_sec=self._rate)
+      except peer.PeerUnavailable:
         with self._cond:
           newer = self._wanted is not None
         if newer:
@@ -170,13 +171,9 @@ class BuddyCopies:
         time.sleep(0.2)
 
   def _prune(self, newest: int) -> None:
+    """Only the newest copy stays; a `.partial` of a newer one is a copy in flight, resumed by its next fetch."""
     try:
-      for step in layout.local_committed_steps(self.kept):
-        if step != newest:
-          layout.local_step_dir(self.kept, step).rmtree()
-      for step, partial in layout.local_partials(self.kept):
-        if step < newest:
-          partial.rmtree()
+      local_format.prune(self.kept, {newest}, partials_from=newest)
     except OSError as e:
       logging.warning('[autockpt] could not prune the buddy copies in %s: %s', self.kept, failures.one_line(e))
 

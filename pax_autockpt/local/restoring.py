@@ -5,20 +5,18 @@ another job's, or a rolled-back lineage's, are named and left where they are) th
 digests, with the fingerprint of the shards it needs on this run's mesh. From the same reports every host
 reaches the same plan (`choose`): the newest step for which every host has a copy of its own shards from
 one save — on its own disk, on a peer's that holds the same shards (another data-parallel replica: a
-replaced VM with an empty disk), or in the buddy copy its keeper holds (pax_autockpt.buddy: a model without
-a replica) — if it is at least as new as the job directory's newest committed
-checkpoint (host 0's listing); else the job directory. A host without its own copy streams the peer's
-straight from it before anyone reads (`fill`, over pax_autockpt.peer_transfer's authenticated HTTP: the
+replaced VM with an empty disk), or in the buddy copy its keeper holds (pax_autockpt.local.buddy: a model
+without a replica) — if it is at least as new as the job directory's newest committed checkpoint (host 0's
+listing); else the job directory. A host without its own copy streams the peer's
+straight from it before anyone reads (`fill`, over pax_autockpt.local.peer's authenticated HTTP: the
 coordination service carries only the donor's address and the transfer's secret). Reading a local step
 never touches the job directory; if it fails anywhere, every host falls back to the job directory together.
 The restore plans again whenever it sets a job-directory checkpoint aside.
 """
 
 import dataclasses
-import ipaddress
 import json
 import os
-import socket
 import time
 from typing import Any
 
@@ -28,10 +26,11 @@ from etils import epath
 from pax_autockpt import agreement
 from pax_autockpt import coordination
 from pax_autockpt import failures
+from pax_autockpt import hosts as hosts_lib
 from pax_autockpt import layout
-from pax_autockpt import lineage as lineage_lib
-from pax_autockpt import local_tier
-from pax_autockpt import peer_transfer
+from pax_autockpt.local import format as local_format
+from pax_autockpt.local import lineage as lineage_lib
+from pax_autockpt.local import peer
 
 _FILL_WAIT_MS = 10 * 60 * 1000
 
@@ -46,19 +45,19 @@ class HostReport:
 
   needs: str
   has: dict[int, tuple[str, str]]
-  bucket: int | None = None
+  job_dir: int | None = None  # host 0's: the job directory's newest committed step
   buddy: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
   refused: tuple[tuple[int, str], ...] = ()
 
   def encode(self) -> str:
     return json.dumps({'needs': self.needs, 'has': {str(s): list(f) for s, f in self.has.items()},
-                       'bucket': self.bucket, 'buddy': {str(s): list(f) for s, f in self.buddy.items()},
+                       'job_dir': self.job_dir, 'buddy': {str(s): list(f) for s, f in self.buddy.items()},
                        'refused': [list(r) for r in self.refused]})
 
   @classmethod
   def decode(cls, text: str) -> 'HostReport':
     found = json.loads(text)
-    return cls(found['needs'], {int(s): tuple(f) for s, f in found['has'].items()}, found.get('bucket'),
+    return cls(found['needs'], {int(s): tuple(f) for s, f in found['has'].items()}, found.get('job_dir'),
                {int(s): tuple(f) for s, f in found.get('buddy', {}).items()},
                tuple((int(s), t) for s, t in found.get('refused', [])))
 
@@ -83,16 +82,16 @@ class Plan:
     return {h: d for h, d in self.donors.items() if h != d}
 
 
-def choose(reports: dict[int, HostReport], hosts: int, bucket_step: int | None) -> Plan | None:
+def choose(reports: dict[int, HostReport], hosts: int, job_dir_step: int | None) -> Plan | None:
   """The newest local step every host can restore from copies of one save (one lineage token): its own
-  copy first, else the lowest peer's with the same shards, else a buddy copy of its shards; if the bucket
-  has none newer; never a save some host refused. None: restore from the bucket."""
+  copy first, else the lowest peer's with the same shards, else a buddy copy of its shards; if the job
+  directory has none newer; never a save some host refused. None: restore from the job directory."""
   if sorted(reports) != list(range(hosts)):
     return None
   refused = {r for report in reports.values() for r in report.refused}
   copies = [c for r in reports.values() for c in (r.has, r.buddy)]
   for step in sorted({s for c in copies for s in c}, reverse=True):
-    if bucket_step is not None and step < bucket_step:
+    if job_dir_step is not None and step < job_dir_step:
       return None
     for token in sorted({c[step][1] for c in copies if step in c} - {t for s, t in refused if s == step}):
       plan = _donors(reports, hosts, step, token)
@@ -137,9 +136,9 @@ class LocalRestore:
 
   def __init__(self, folder: epath.PathLike, *, host: int, hosts: int, peer_port: int = 0):
     self.folder = epath.Path(folder)
-    self.buddy_folder = layout.local_buddy_dir(folder)  # a neighbour's copy (pax_autockpt.buddy)
+    self.buddy_folder = layout.local_buddy_dir(folder)  # a neighbour's copy (pax_autockpt.local.buddy)
     self._host, self._hosts = host, hosts
-    self._peer_port = peer_port  # where this host serves its copy to a peer (pax_autockpt.peer_transfer)
+    self._peer_port = peer_port  # where this host serves its copy to a peer (pax_autockpt.local.peer)
     self._plans = 0  # a fresh coordination key for each plan of this run
     self.restored_lineage: lineage_lib.Lineage | None = None  # of the local step `load` read
     self.agreed_newest: int | None = None  # the job directory's newest checkpoint the last plan was made against
@@ -160,7 +159,7 @@ class LocalRestore:
         logging.warning('[autockpt] %slocal step %d is not offered for the restore: %s',
                         'the buddy copy of ' if buddy else '', step, why)
         continue
-      usable[step] = (found['fingerprint'], local_tier.lineage_of(found).token)
+      usable[step] = (found['fingerprint'], local_format.lineage_of(found).token)
     return usable
 
   def _refusal(self, folder: epath.Path, step: int, needs_input: bool,
@@ -168,15 +167,15 @@ class LocalRestore:
     """Why local `step` in `folder` is not offered (None: it is), and its index."""
     path = layout.local_step_dir(folder, step)
     try:
-      found = local_tier.read_index(path)
-      lineage = local_tier.lineage_of(found)
+      found = local_format.read_index(path)
+      lineage = local_format.lineage_of(found)
       why = lineage_lib.refusal(lineage, step, job=job.job, committed=job.committed, set_aside=job.set_aside,
                                 ever_committed=job.ever_committed, saves=job.saves)
       if why is None:
-        local_tier.read_shards(path, found)
+        local_format.read_shards(path, found)
       else:
         self.refused.add((step, lineage.token))  # reported: refused on every host (`choose`)
-    except (local_tier.LocalDamage, OSError) as e:
+    except (local_format.LocalDamage, OSError) as e:
       return f'damaged ({failures.one_line(e)})', {}
     if why is None and found.get('hosts') != self._hosts:
       why = f'written by {found.get("hosts")} hosts, this run has {self._hosts}'
@@ -195,7 +194,7 @@ class LocalRestore:
                               HostReport(needs, has, job.newest, buddy, tuple(sorted(self.refused))).encode())
     reports = {h: HostReport.decode(t) for h, t in found.items()}
     _say_refused_elsewhere(reports, self._host, has, buddy)
-    newest = self.agreed_newest = reports[0].bucket if 0 in reports else job.newest
+    newest = self.agreed_newest = reports[0].job_dir if 0 in reports else job.newest
     plan = choose(reports, self._hosts, newest)
     logging.info('[autockpt] local tier: this host offers steps %s%s; the job directory\'s newest checkpoint is %s; '
                  'restoring %s.', sorted(has) or 'none', f' (and a buddy copy of {sorted(buddy)})' if buddy else '',
@@ -214,7 +213,7 @@ class LocalRestore:
     return offers[0], offers[1]
 
   def fill(self, plan: Plan) -> bool:
-    """Hosts without their own copy stream a peer's straight from it (pax_autockpt.peer_transfer: the
+    """Hosts without their own copy stream a peer's straight from it (pax_autockpt.local.peer: the
     coordination service carries only its address and a secret made for this transfer); True on every host
     when every fill succeeded, else every host restores from the job directory."""
     client = coordination.client()
@@ -241,13 +240,14 @@ class LocalRestore:
                       'directory.', plan.step, failed)
     return failed is None
 
-  def _serve(self, client: Any, prefix: str, step: int, buddy: bool) -> peer_transfer.PeerServer:
+  def _serve(self, client: Any, prefix: str, step: int, buddy: bool) -> peer.PeerServer:
     """This host's copy of `step` (`buddy`: the one it keeps for a neighbour), and nothing else, served to the
     peers that need it."""
     path = layout.local_step_dir(self.buddy_folder if buddy else self.folder, step)
-    secret = peer_transfer.new_secret()
-    server = peer_transfer.PeerServer(lambda s: path if s == step else None, secret, host=own_address(),
-                                      port=self._peer_port, hosts=self._hosts)
+    secret = peer.new_secret()
+    server = peer.PeerServer(lambda s: path if s == step else None, secret,
+                             host=hosts_lib.own_address(coordination.coordinator_address()), port=self._peer_port,
+                             hosts=self._hosts)
     try:
       address = server.start()
     except Exception as e:
@@ -264,10 +264,10 @@ class LocalRestore:
     ready.update({i: p for i, s in enumerate(sources) if i and (p := _peer(client, prefix, s, wait=False))})
     donors = [(tuple(ready[i]['address']), ready[i]['secret']) for i in sorted(ready)]
     try:
-      path = (peer_transfer.fetch_step_in_parallel(donors, step, self.folder) if len(donors) > 1 else
-              peer_transfer.fetch_step(*donors[0], step, self.folder))
+      path = (peer.fetch_step_in_parallel(donors, step, self.folder) if len(donors) > 1 else
+              peer.fetch_step(*donors[0], step, self.folder))
       used = [sources[i] for i in sorted(ready)]
-    except peer_transfer.PeerUnavailable as e:
+    except peer.PeerUnavailable as e:
       logging.warning('[autockpt] local step %d from host(s) %s: %s', step, [sources[i][0] for i in ready],
                       failures.one_line(e))
       path, used = self._in_turn(client, prefix, step, [s for i, s in enumerate(sources) if i not in ready], e)
@@ -278,11 +278,13 @@ class LocalRestore:
 
   def _in_turn(self, client: Any, prefix: str, step: int, sources: list[tuple[int, bool]],
                error: Exception) -> tuple[epath.Path, list[tuple[int, bool]]]:
+    """`step` from each source left, in turn (each waited for), each resuming the `.partial` the one before
+    left: the first attempt's `error` where there is none left, else the last source's."""
     for source in sources:
       try:
-        peer = _peer(client, prefix, source, wait=True)
-        return peer_transfer.fetch_step(tuple(peer['address']), peer['secret'], step, self.folder), [source]
-      except peer_transfer.PeerUnavailable as e:
+        donor = _peer(client, prefix, source, wait=True)
+        return peer.fetch_step(tuple(donor['address']), donor['secret'], step, self.folder), [source]
+      except peer.PeerUnavailable as e:
         logging.warning('[autockpt] local step %d from host %d: %s', step, source[0], failures.one_line(e))
         error = e
     raise error
@@ -291,10 +293,10 @@ class LocalRestore:
     """The state of local step `step` on this mesh, read back against its digests, and this host's input
     position at that step (for the caller to set once every host's read succeeded)."""
     path = layout.local_step_dir(self.folder, step)
-    found = local_tier.read_index(path)
-    shards = local_tier.read_shards(path, found)
-    self.restored_lineage = local_tier.lineage_of(found)
-    return local_tier.arrays_for(shards, shapes, mesh, specs), local_tier.input_state(found, self._host)
+    found = local_format.read_index(path)
+    shards = local_format.read_shards(path, found)
+    self.restored_lineage = local_format.lineage_of(found)
+    return local_format.arrays_for(shards, shapes, mesh, specs), local_format.input_state(found, self._host)
 
 
 def _peer(client: Any, prefix: str, source: tuple[int, bool], wait: bool) -> dict | None:
@@ -310,7 +312,7 @@ def _peer(client: Any, prefix: str, source: tuple[int, bool], wait: bool) -> dic
   if found is not None and 'error' in found:
     if not wait:
       return None
-    raise peer_transfer.PeerUnavailable(f'host {source[0]} cannot serve its copy: {found["error"]}')
+    raise peer.PeerUnavailable(f'host {source[0]} cannot serve its copy: {found["error"]}')
   return found
 
 
@@ -336,51 +338,6 @@ def _where(plan: Plan | None, newest: int | None) -> str:
   buddies = sorted(h for h in plan.filled if h in plan.from_buddy)
   return (f'local step {plan.step}' + (f', hosts {peers} from a peer\'s copy' if peers else '') +
           (f', hosts {buddies} from the buddy copy a peer keeps for them' if buddies else ''))
-
-
-def own_address() -> str:
-  """The address this host's peers reach it on: the interface its route to the job's coordinator leaves from.
-  Where that route is loopback but the coordinator is named (host 0 where /etc/hosts maps its own name to
-  127.0.1.1, as Debian and many Slurm nodes do: the other machines reach that name elsewhere), the interface
-  of the default route, else 127.0.0.1 in one line. 127.0.0.1 for a coordinator on loopback (every host on
-  this machine) or none."""
-  coordinator = coordination.coordinator_address()
-  if not coordinator:
-    return '127.0.0.1'
-  host, _, port = coordinator.rpartition(':')
-  host = host.strip('[]')
-  found = _route_from(host, int(port))
-  if found is not None and not _loopback(found):
-    return found
-  if _loopback(host) or host == 'localhost':
-    return '127.0.0.1'
-  found = _route_from(*_OUTSIDE)
-  if found is not None and not _loopback(found):
-    return found
-  logging.warning('[autockpt] local tier: the coordinator %s is on loopback here and this host has no other '
-                  'route: it serves its local steps on 127.0.0.1, which no other machine reaches.', coordinator)
-  return '127.0.0.1'
-
-
-_OUTSIDE = ('203.0.113.1', 9)  # a documentation address (never a host): its route is the default route
-
-
-def _route_from(host: str, port: int) -> str | None:
-  """The local address a datagram to (host, port) would leave from (a UDP socket's connect sends nothing);
-  None when there is no route or the name does not resolve."""
-  try:
-    with socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET, socket.SOCK_DGRAM) as probe:
-      probe.connect((host, port))
-      return probe.getsockname()[0]
-  except OSError:
-    return None
-
-
-def _loopback(address: str) -> bool:
-  try:
-    return ipaddress.ip_address(address).is_loopback
-  except ValueError:
-    return False  # a name
 
 
 def _release(client: Any, folder: str) -> None:
