@@ -5,16 +5,13 @@ directory's saves belong to pax_autockpt.saves, the restore to pax_autockpt.rest
 import time
 from typing import Any, Callable
 
-from absl import logging
 from etils import epath
 import jax
 
 from pax_autockpt import coordination
 from pax_autockpt import events as events_lib
 from pax_autockpt import exit_path
-from pax_autockpt import hosts as hosts_lib
 from pax_autockpt import internals
-from pax_autockpt import layout
 from pax_autockpt import metrics as metrics_lib
 from pax_autockpt import notices
 from pax_autockpt import phases as phases_lib
@@ -27,10 +24,8 @@ from pax_autockpt import signals
 from pax_autockpt import startup_exit
 from pax_autockpt import stops
 from pax_autockpt import summaries as summaries_lib
-from pax_autockpt.local import buddy
 from pax_autockpt.local import lineage as lineage_lib
-from pax_autockpt.local import restoring
-from pax_autockpt.local import saving
+from pax_autockpt.local import tier as local_tier
 
 
 class AutockptCheckpointer:
@@ -68,9 +63,8 @@ class AutockptCheckpointer:
     self._first_iteration = True
     self._first_step_due = True  # until the loop's second iteration: this run's first step is done
     self.on_step: Callable[[int], None] | None = None  # each iteration, before its step (goodput recording)
-    self._local, local, self._lineage, job = None, None, None, ''
-    if settings.local_dir:
-      job, local = self._local_tier(settings, events, slices)
+    tier = local_tier.wire(settings, events, slices) if settings.local_dir else None
+    self._local, self._lineage = (tier.saves, tier.lineage) if tier else (None, None)
     past = events_lib.read(events.job_log_dir, events.host)
     self._saves = saves_lib.JobDirectorySaves(
         inner, settings=settings, events=events, past=past, preemption=self._preemption, step_metrics=metrics,
@@ -80,8 +74,9 @@ class AutockptCheckpointer:
     self._restorer = restore_lib.Restorer(inner, events=events, checksums=settings.checksums,
                                           retry_secs=settings.restore_retry_secs,
                                           set_aside=self._saves.forget_unrestorable,
-                                          restart_input=settings.input_on_host_change == 'restart', local=local,
-                                          local_job=job, ever_committed=frozenset(self._commit_ids),
+                                          restart_input=settings.input_on_host_change == 'restart',
+                                          local=tier and tier.restore, local_job=tier.job if tier else '',
+                                          ever_committed=frozenset(self._commit_ids),
                                           saves=self._commit_ids)
     self._exit = exit_path.ExitPath(
         events=events, preemption=self._preemption, saves=self._saves,
@@ -241,26 +236,6 @@ class AutockptCheckpointer:
     latest = self._saves.latest_step
     if self._saves.enabled and (latest() is None or latest() < step_i):
       self._saves.save(step_i, 'final', state)
-
-  def _local_tier(self, settings: settings_lib.Settings, events: events_lib.EventLog,
-                  slices: int) -> tuple[str, restoring.LocalRestore]:
-    """The local tier's saves (with buddy copies where asked for and there is another host) and restore;
-    returns the job's identity and the restore."""
-    folder = layout.local_dir(settings.local_dir, events.host)
-    job, run = lineage_lib.identify(events.job_log_dir, events.host)
-    self._lineage = lineage_lib.Tracker(job, run)
-    hosts, copies = jax.process_count(), None
-    if settings.local_buddy and hosts > 1:
-      copies = buddy.BuddyCopies(folder, host=events.host, hosts=hosts, slices=slices,
-                                 mb_per_sec=settings.local_buddy_mb_per_sec, nice=settings.background_nice,
-                                 address=hosts_lib.own_address(coordination.coordinator_address()),
-                                 port=settings.local_peer_port)
-    elif settings.local_buddy:
-      logging.warning('[autockpt] buddy copies: one host, no other disk to keep a copy on; none made.')
-    self._local = saving.LocalSaves(folder, min_interval_secs=settings.local_min_interval_secs,
-                                    keep=settings.local_keep, events=events, lineage=self._lineage,
-                                    on_commit=copies and copies.committed)
-    return job, restoring.LocalRestore(folder, host=events.host, hosts=hosts, peer_port=settings.local_peer_port)
 
   def wait_until_finished(self):
     self._saves.background.wait()

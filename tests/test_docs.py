@@ -133,3 +133,16 @@ def test_a_broken_link_is_caught():
   assert len(broken_links(page, good + '[moved](../README.md#no-such-section)\n')) == 1
   assert len(broken_links(page, good + '[self](#no-such-heading)\n')) == 1
   assert len(broken_links(page, good + '[over\nlines](continuous.md#no-such-heading)\n')) == 1
+
+
+def test_how_it_works_names_every_module_a_training_process_imports():
+  """docs/how-it-works.md walks a step through the package one module a line: a module added, moved or renamed
+  without its line there fails here."""
+  with open(os.path.join(DOCS, 'how-it-works.md')) as f:
+    text = f.read()
+  package = os.path.join(ROOT, 'pax_autockpt')
+  modules = [name[:-3] for name in os.listdir(package) if name.endswith('.py') and name != '__init__.py']
+  modules += [f'local/{name[:-3]}' for name in os.listdir(os.path.join(package, 'local'))
+              if name.endswith('.py') and name != '__init__.py']
+  missing = sorted(m for m in modules if f'`{m}.py`' not in text)
+  assert not missing, f'docs/how-it-works.md does not name: {missing}'

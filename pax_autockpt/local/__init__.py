@@ -7,5 +7,6 @@ One package so that what belongs to the tier is found in one place (docs/local-t
 - buddy: each host keeps its neighbour's newest step, for a model without a data-parallel replica;
 - peer: the authenticated HTTP transport of a step between hosts (server and client);
 - lineage: which job and line of training a step belongs to, and whether a restart may restore it;
-- lock: one live job per local directory (an OS lock held for the life of the process).
+- lock: one live job per local directory (an OS lock held for the life of the process);
+- tier: the tier of one run wired from its settings (what the checkpointer holds of it).
 """
