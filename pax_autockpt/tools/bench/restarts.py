@@ -110,13 +110,15 @@ def _phase_figures(label: str, phases: list[dict[str, float]]) -> list[Figure]:
   return [Figure(f'{label}: {k[:-2]}', 's', [p.get(k, float('nan')) for p in phases]) for k in _PHASES]
 
 
-def _killed_then_restarted(storage: Storage, argv: list[str], name: str, after_step: int) -> float:
+def _killed_then_restarted(storage: Storage, argv: list[str], name: str,
+                           after_step: int) -> tuple[float, dict[str, float]]:
   """A run trains past `after_step` (its checkpoint committed) and is SIGKILLed; the same command starts at
-  once: kill -> its first trained step."""
+  once: kill -> its first trained step, and the restart's phases (none for stock paxml: no event log)."""
   job_dir = storage.job_dir(name)
   try:
     killed = _killed_past(storage, argv, name, after_step)
-    return _restarted(argv, job_dir, os.path.join(storage.workdir, f'{name}-again.log'), killed)
+    secs = _restarted(argv, job_dir, os.path.join(storage.workdir, f'{name}-again.log'), killed)
+    return secs, _phases(job_dir, 0, killed)
   finally:
     storage.clean(job_dir)
 
@@ -143,12 +145,16 @@ def _restarted(argv: list[str], job_dir: str, log: str, since: float) -> float:
     again.kill()
 
 
-def _restarted_from_copy(storage: Storage, argv: list[str], killed_job: str, name: str) -> float:
-  """A fresh copy of a killed job's directory, restarted: the copy in place -> its first trained step."""
+def _restarted_from_copy(storage: Storage, argv: list[str], killed_job: str,
+                         name: str) -> tuple[float, dict[str, float]]:
+  """A fresh copy of a killed job's directory, restarted: the copy in place -> its first trained step, and the
+  restart's phases."""
   job_dir = storage.job_dir(name)
   try:
     shutil.copytree(killed_job, job_dir)
-    return _restarted(argv, job_dir, os.path.join(storage.workdir, f'{name}-again.log'), time.time())
+    since = time.time()
+    return _restarted(argv, job_dir, os.path.join(storage.workdir, f'{name}-again.log'), since), \
+        _phases(job_dir, 0, since)
   finally:
     storage.clean(job_dir)
 
@@ -166,21 +172,25 @@ def restart_cache(storage: Storage, size: str, pairs: int) -> list[Figure]:
   arms = {'ours': scenarios.ours(f'{size}Autockpt', '--autockpt_notices=off'),
           'cache off': scenarios.ours(f'{size}Autockpt', '--autockpt_notices=off', '--autockpt_compilation_cache=off'),
           'stock': scenarios.stock(f'{size}Stock', scenarios._port_flag())}  # pylint: disable=protected-access
-  got = {arm: [] for arm in arms}
+  got, phases = {arm: [] for arm in arms}, {arm: [] for arm in arms}
   killed = {} if storage.is_gcs else {arm: _killed_past(storage, argv, f'restartcache-{size}-{_slug(arm)}', 100)
                                       for arm, argv in arms.items()}
   for i in range(pairs):
     for arm, argv in arms.items():
       name = f'restartcache-{size}-{_slug(arm)}-{i}'
-      got[arm].append(_restarted_from_copy(storage, argv, storage.job_dir(name[:name.rindex('-')]), name)
-                      if killed else _killed_then_restarted(storage, argv, name, 100))
+      secs, split = (_restarted_from_copy(storage, argv, storage.job_dir(name[:name.rindex('-')]), name)
+                     if killed else _killed_then_restarted(storage, argv, name, 100))
+      got[arm].append(secs)
+      phases[arm].append(split)
     measure.say(f'restart {size} #{i}: ' + ', '.join(f'{a} {v[-1]:.1f} s' for a, v in got.items()))
   for arm in killed:
     storage.clean(storage.job_dir(f'restartcache-{size}-{_slug(arm)}'))
   return [Figure(f'kill -> first step of the restart, {size}: cache on (default) vs off', 's', got['ours'],
                  got['cache off'], 'cache off'),
           Figure(f'kill -> first step of the restart, {size}: ours (default) vs stock paxml', 's', got['ours'],
-                 got['stock'], 'stock paxml')]
+                 got['stock'], 'stock paxml'),
+          *_phase_figures(f'restart {size}, cache on', phases['ours']),
+          *_phase_figures(f'restart {size}, cache off', phases['cache off'])]
 
 
 def summary(figures: list[Figure]) -> str:
