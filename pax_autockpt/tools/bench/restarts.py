@@ -159,10 +159,6 @@ def _restarted_from_copy(storage: Storage, argv: list[str], killed_job: str,
     storage.clean(job_dir)
 
 
-def _slug(arm: str) -> str:
-  return arm.replace(' ', '')
-
-
 def _trained_past(log: str, step: int) -> bool:
   return any(int(s) > step for s in re.findall(r'summary tensor at step=(\d+) ', log))
 
@@ -173,18 +169,22 @@ def restart_cache(storage: Storage, size: str, pairs: int) -> list[Figure]:
           'cache off': scenarios.ours(f'{size}Autockpt', '--autockpt_notices=off', '--autockpt_compilation_cache=off'),
           'stock': scenarios.stock(f'{size}Stock', scenarios._port_flag())}  # pylint: disable=protected-access
   got, phases = {arm: [] for arm in arms}, {arm: [] for arm in arms}
-  killed = {} if storage.is_gcs else {arm: _killed_past(storage, argv, f'restartcache-{size}-{_slug(arm)}', 100)
-                                      for arm, argv in arms.items()}
+  killed_job = {arm: f'restartcache-{size}-{arm.replace(" ", "")}' for arm in arms}  # each arm's, on local disk
+  from_copies = not storage.is_gcs
+  if from_copies:
+    for arm, argv in arms.items():
+      _killed_past(storage, argv, killed_job[arm], 100)
   for i in range(pairs):
     for arm, argv in arms.items():
-      name = f'restartcache-{size}-{_slug(arm)}-{i}'
-      secs, split = (_restarted_from_copy(storage, argv, storage.job_dir(name[:name.rindex('-')]), name)
-                     if killed else _killed_then_restarted(storage, argv, name, 100))
+      name = f'{killed_job[arm]}-{i}'
+      secs, split = (_restarted_from_copy(storage, argv, storage.job_dir(killed_job[arm]), name) if from_copies
+                     else _killed_then_restarted(storage, argv, name, 100))
       got[arm].append(secs)
       phases[arm].append(split)
     measure.say(f'restart {size} #{i}: ' + ', '.join(f'{a} {v[-1]:.1f} s' for a, v in got.items()))
-  for arm in killed:
-    storage.clean(storage.job_dir(f'restartcache-{size}-{_slug(arm)}'))
+  if from_copies:
+    for job in killed_job.values():
+      storage.clean(storage.job_dir(job))
   return [Figure(f'kill -> first step of the restart, {size}: cache on (default) vs off', 's', got['ours'],
                  got['cache off'], 'cache off'),
           Figure(f'kill -> first step of the restart, {size}: ours (default) vs stock paxml', 's', got['ours'],
