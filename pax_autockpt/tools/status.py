@@ -59,7 +59,7 @@ def run_line(evs: list[dict]) -> str:
   if not run:
     return 'last run: none recorded'
   restored = run[0].get('restored_step')
-  tier = ' of the local tier' if run[0].get('restored_from') == 'local' else ''
+  tier = ' of the local tier' if run[0].get('restored_from') == events_lib.LOCAL else ''
   began = f'last run (started {_when(run[0]["t"])}, {"fresh" if restored is None else f"from step {restored}{tier}"})'
   ended = next((e for e in reversed(run) if e['event'] == 'exit'), None)
   if ended is None:
