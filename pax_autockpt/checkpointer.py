@@ -16,6 +16,7 @@ from pax_autockpt import metrics as metrics_lib
 from pax_autockpt import notices
 from pax_autockpt import phases as phases_lib
 from pax_autockpt import preemption
+from pax_autockpt import progress
 from pax_autockpt import rescue as rescue_lib
 from pax_autockpt import restore as restore_lib
 from pax_autockpt import saves as saves_lib
@@ -63,6 +64,7 @@ class AutockptCheckpointer:
     self._first_iteration = True
     self._first_step_due = True  # until the loop's second iteration: this run's first step is done
     self.on_step: Callable[[int], None] | None = None  # each iteration, before its step (goodput recording)
+    self._progress = progress.ProgressMarks(events)
     tier = local_tier.wire(settings, events, slices) if settings.local_dir else None
     self._local, self._lineage = (tier.saves, tier.lineage) if tier else (None, None)
     past = events_lib.read(events.job_log_dir, events.host)
@@ -177,6 +179,7 @@ class AutockptCheckpointer:
     self.phases.enter(phases_lib.CHECKPOINT)
     if self.on_step is not None:
       self.on_step(step_i)
+    self._progress.step(step_i)
     self.last_step = step_i
     self._loop_items = dict(train_state_unpadded_shape_dtype_struct=train_state_unpadded_shape_dtype_struct,
                             train_state_pspecs=train_state_pspecs, train_input_pipeline=train_input_pipeline)

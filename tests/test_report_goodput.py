@@ -19,7 +19,7 @@ def _process(started, imported, distributed):
   return dict(process_start_t=test_report.T0 + started, imported_s=imported, distributed_s=distributed)
 
 
-def three_runs(tmp_path, phases=False):
+def three_runs(tmp_path, phases=False, progress=False):
   """0.1 s a step, 0.5 s blocking per interval save. Run 1: 2 s to its first step, saves 100 and 200, SIGTERM at
   250 (on-demand save, 0.2 s blocking), exit 143 at 29 s. Run 2 starts at 40 s from 250 (restored in 4 s): 3 s to
   its first step, saves 300 (committed) and 400 (started at 58.5 s, never committed: SIGKILL). Run 3 starts at 70 s
@@ -28,6 +28,7 @@ def three_runs(tmp_path, phases=False):
   With `phases`, each restart's process start and its start-up, and its first step's end (one 0.1 s step after its
   start-up): run 2's process started at 30 s, imports 5 s, distributed init 0.5 s, first step done at 43.1 s
   (compile 2.5 s); run 3's at 60 s, imports 2.5 s, distributed init 0.5 s, first step done at 72.6 s (compile 2 s).
+  With `progress`, run 2 writes a `progress` event at step 450, 64 s, before its SIGKILL.
   """
   job = Job(tmp_path)
   job.start(0, 0.0)
@@ -42,6 +43,8 @@ def three_runs(tmp_path, phases=False):
     job.ev(0, 43.1, 'first_step', step=251, compile_s=2.5)
   job.save(0, 48.0, 300)
   job.save(0, 58.5, 400, commit=False)  # then kill -9: no commit, no exit event
+  if progress:
+    job.ev(0, 64.0, 'progress', step=450)
   job.ev(0, 70.0, 'start', num_hosts=1, pid=3, restored_step=300, restored_from='job_dir', restore_s=6.0,
          **(_process(60.0, 2.5, 0.5) if phases else {}))
   if phases:
@@ -77,6 +80,16 @@ def test_three_runs_preempted_killed_finished_split_into_buckets(tmp_path):
                   '10.0 s (10.6%), start-up to the first step 7.5 s (7.9%), save blocking 3.2 s (3.4%), restore 10.0 s '
                   '(10.6%), between runs (idle, start-up) 12.0 s (12.7%), other 1.8 s (1.9%); 1 killed run(s) end at '
                   'their last event here: wasted progress is a lower bound, between runs an upper bound')
+
+
+
+def test_a_progress_event_moves_a_killed_runs_end_from_between_runs_to_wasted_progress(tmp_path):
+  """pax_autockpt.progress's event after the last save: run 2 trained 300 -> 450 before its SIGKILL, and the
+  5 s after its last save count as wasted progress, not as time between runs."""
+  m = measured.measure(report.load(three_runs(tmp_path, progress=True)))
+  assert m.seconds['wasted_progress'] == pytest.approx(15.0)  # 300 -> 450 at 0.1 s a step, less 2 x 0.5 s blocking
+  assert m.seconds['between_runs'] == pytest.approx(11.0 + 6.0 - 10.0)  # run 2 ends at 64 s, not 59 s
+  assert sum(m.seconds.values()) == pytest.approx(m.wall_s) == pytest.approx(94.5)
 
 
 def test_restart_phases_add_up_to_each_restart_s_downtime_up_to_its_first_step(tmp_path):

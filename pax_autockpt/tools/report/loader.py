@@ -22,6 +22,8 @@ from pax_autockpt.tools.report import values
 
 # Events logged per step by every host that must carry an int step; without one they are malformed.
 _STEP_EVENTS = ('save_started', 'save_committed', 'deleted', 'restore_skipped')
+# Events whose step says how far their run had trained when they were written: a run's (time, step) points.
+_PROGRESS_POINTS = ('save_started', 'local_committed', 'preemption', 'exit', 'first_step', 'progress')
 
 
 @dataclasses.dataclass
@@ -128,7 +130,7 @@ def _run(host: int, index: int, rev: list[_Event]) -> model.Run:
   if start is not None:
     points.append((start.t, restored if restored is not None else 0))
   for e in rev:
-    step = _step(e) if e.name in ('save_started', 'local_committed', 'preemption', 'exit', 'first_step') else None
+    step = _step(e) if e.name in _PROGRESS_POINTS else None
     if step is not None:
       points.append((e.t, step))
   committed = [_step(e) for e in rev if e.name in ('save_committed', 'local_committed')]

@@ -7,7 +7,8 @@ follow Google's ml-goodput-measurement where they mean the same thing (docs/repo
 The timeline is one host's: host 0's runs (else the lowest host's; hosts start and stop together). A run spans
 its `start` event, which is written once its restore is done, to its end: its `exit` event, else (killed: no
 exit event) its last event, or the end of a save's blocking that event shows, if later. A killed run's real end is
-later than that, so after a kill wasted progress is *at least* and the time between runs *at most* the figure.
+later than that (by less than pax_autockpt.progress's 30 s on host 0, whose `progress` events mark how far it got
+between saves), so after a kill wasted progress is *at least* and the time between runs *at most* the figure.
 Wall time = the first run's start -> the last run's end; the buckets add up to it exactly:
 
 - `checkpoint_restore`: the restores of the runs after the first, from their `start` events' `restore_s` (the
