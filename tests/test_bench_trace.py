@@ -65,3 +65,34 @@ def test_badput_adds_the_restart_buckets_of_the_measured_split():
   got = measured.Measured(100.0, seconds, {}, 0.6, 2, False, 0.02)
   assert trace.badput(got) == dict(restarts=24.75, lost=12.0, save=0.5, goodput=0.6)
   assert trace.badput(None) is None and trace.badput(measured.Measured(None, {}, {}, None, 0, False, None)) is None
+
+
+class _FakeJob:
+  """replay()'s view of a job on a fake clock: each run's first step comes 20 s after its start."""
+
+  def __init__(self, clock):
+    self.clock, self.starts, self.firsts, self.strikes = clock, [], [], []
+
+  def now(self):
+    return self.clock[0]
+
+  def start(self):
+    self.starts.append(self.clock[0])
+
+  def first_step(self, window_s):
+    self.clock[0] = max(self.clock[0], self.starts[-1] + 20.0)
+    self.firsts.append(self.clock[0])
+    return self.clock[0]
+
+  def strike(self, kind):
+    self.strikes.append((self.clock[0], kind))
+
+
+def test_replay_waits_for_the_last_restarts_first_step(monkeypatch):
+  """The restart after the window's last failure is measured to its first step, not to the window's end."""
+  clock = [0.0]
+  monkeypatch.setattr(trace.time, 'sleep', lambda s: clock.__setitem__(0, clock[0] + s))
+  job = _FakeJob(clock)
+  struck = trace.replay(job, [Failure(100.0, 'crash')], window_s=400.0)
+  assert struck == [(100.0, 'crash')] and job.starts == [0.0, 100.0]
+  assert job.firsts == [20.0, 120.0] and job.strikes == [(100.0, 'crash'), (400.0, 'end')]

@@ -35,12 +35,12 @@ Tiny ~20 minutes at 5 pairs, start-ups mostly); see buddy.py; not in the default
 
   python -m pax_autockpt.tools.bench --only buddystep_Medium,buddyrelaunch_Medium,buddyflood_Tiny
 
-goodputtrace_<size> (goodput under one seeded failure trace, preemptions, crashes and replaced VMs over a 120 s
-window, 2 seeds: the lineage each arm ends with, stock paxml with the guide's two flags, ours with the job directory,
-continuous, and the local tier, against undisturbed stock; see trace.py; Tiny only; not in the default set: ~25
-minutes per pass):
+goodputtrace_<size> (goodput under one seeded failure trace, a preemption, crash or replaced VM per 400 s window
+(the MTBF ~20x a restart, Pax's interval ~MTBF/5), 2 seeds: the lineage each arm ends with, stock paxml with the
+guide's two flags, ours with the job directory, continuous, and the local tier, against undisturbed stock; see
+trace.py; Tiny only; not in the default set: ~1 h per pass):
 
-  python -m pax_autockpt.tools.bench --only goodputtrace_Tiny
+  python -m pax_autockpt.tools.bench --only goodputtrace_Tiny --pairs 2
 
 launchrestart (2 hosts under `launch --max_restarts`, forked from its standby process vs fresh interpreters: launch
 -> first step, and kill -> first step after the restart) and restartcache_<size> (one host killed and started

@@ -3,22 +3,24 @@
 Every figure elsewhere in the bench isolates one mechanism; this one asks what a user gets: the same failures,
 at the same moments, hit a stock job and ours, and we count the steps each one ends with.
 
-The trace. Over a wall-clock window W (default 120 s; `AUTOCKPT_BENCH_TRACE_WINDOW_S`), failures arrive with
-exponential inter-arrival times of mean M (default 35 s; `AUTOCKPT_BENCH_TRACE_MTBF_S`), each of a kind the
+The trace. Over a wall-clock window W (default 400 s; `AUTOCKPT_BENCH_TRACE_WINDOW_S`) with a mean time between
+failures M (default 400 s; `AUTOCKPT_BENCH_TRACE_MTBF_S`), round(W / M) failures (at least one) come at uniform
+random times, where a Poisson process of rate 1/M puts its failures once their count is given, each of a kind the
 seeded RNG picks: 'preemption' (SIGTERM, then 30 s of grace before SIGKILL), 'crash' (SIGKILL), 'replaced VM'
 (SIGKILL and the host's local directory gone; on the arms without a local tier the same as a crash). The trace
 (times and kinds) is made once per seed (0 and 1; `AUTOCKPT_BENCH_TRACE_SEEDS=0` for one) and replayed
-identically on every arm. A failure never strikes before the current run's first trained step + 5 s (GUARD_S): at
-a real MTBF (hours) a failure inside a ~20 s start-up is rare, while at M = 35 s an exponential trace would put a
-third of them there and measure start-up alone; a failure whose time has passed waits for that moment. After each
-failure the same command starts again at once, as a scheduler would (stock gets a new coordinator port each time).
-At W the job gets SIGTERM, 30 s to exit, then SIGKILL; then we count.
+identically on every arm. A failure never strikes before the current run's first trained step + 5 s (GUARD_S): a
+failure inside a start-up is rare when failures are hours apart; a failure whose time has passed waits for that
+moment. After each failure the same command starts again at once, as a scheduler would (stock gets a new
+coordinator port each time). At W the job gets SIGTERM, 30 s to exit, then SIGKILL; then we count.
 
-The ratio MTBF / restart is ~1.5-2.5 here (M 35 s against a 15-25 s restart), not the 20-50 of a real job: a
-window long enough for that would take hours per arm. The trace therefore weighs restarts (and lost work) far
-more than production would: it ranks the arms, it does not predict a production goodput.
+The ratios are a TPU job's, scaled down: M is ~20x our restart (kill -> first step ~15-20 s with the compilation
+cache) and ~10-15x stock's (~25-40 s), and Pax's interval (4,000 steps, ~60-100 s) is ~M/5, as a job that saves
+every two hours against a failure every ten. A window of one MTBF holds one failure per seed: two seeds and two
+passes give each arm four windows, ~2 h for the whole bench on this machine. Each figure is therefore one
+failure's cost, paired across arms (the same failure at the same moment), not an average over many failures.
 
-Arms, each on the tiny model with Pax's interval every 1,000 steps (~15-25 s here;
+Arms, each on the tiny model with Pax's interval every 4,000 steps (~60-100 s here;
 experiments.bench.TinyTraceStock / TinyTraceAutockpt):
 - `stock`: stock paxml 1.4.0 main.py with the Autocheckpoint guide's two flags (`--jax_fully_async_checkpoint
   --exit_after_ondemand_checkpoint`), the interval saves;
@@ -37,12 +39,12 @@ against stock; and for our arms the measured badput from the event log (pax_auto
 restarts (start-up + restore + first-step preparation), wasted progress, save blocking. And the failures each
 arm was struck by inside W: one that waits for a slow start-up can fall past W, so the count can differ.
 
-A pass runs, per seed, stock, ours_jobdir, ours_continuous, ours_local, undisturbed in turn; `--pairs` passes.
-About 2 x 5 x (W + ~30 s) per pass: ~25 minutes at W = 120 s. A short check (one seed, ~15 minutes; W must
-exceed a start-up, which on a loaded 2-CPU machine can take 60-90 s):
+A pass runs undisturbed once, then per seed stock, ours_jobdir, ours_continuous, ours_local (reversed on odd
+passes); `--pairs` passes. About 9 x (W + ~15 s) per pass: ~1 h at W = 400 s. A short check (one seed, W 150 s,
+~10 minutes; W must exceed a start-up, which on a loaded 2-CPU machine can take 60-90 s):
 
-  AUTOCKPT_BENCH_TRACE_WINDOW_S=150 AUTOCKPT_BENCH_TRACE_SEEDS=0 python -m pax_autockpt.tools.bench \
-    --only goodputtrace_Tiny --pairs 1 --out /tmp/tracebench
+  AUTOCKPT_BENCH_TRACE_WINDOW_S=150 AUTOCKPT_BENCH_TRACE_MTBF_S=150 AUTOCKPT_BENCH_TRACE_SEEDS=0 \
+    python -m pax_autockpt.tools.bench --only goodputtrace_Tiny --pairs 1 --out /tmp/tracebench
 """
 
 from __future__ import annotations
@@ -243,6 +245,7 @@ def replay(job: _Job, trace: list[Failure], window_s: float) -> list[tuple[float
     job.strike(failure.kind)
     struck.append((round(job.now(), 1), failure.kind))
     job.start()
+  job.first_step(window_s)  # the last restart's first step too (else its restart would count until W)
   time.sleep(max(0.0, window_s - job.now()))
   job.strike('end')
   return struck
