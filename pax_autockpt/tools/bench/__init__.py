@@ -36,7 +36,7 @@ Tiny ~20 minutes at 5 pairs, start-ups mostly); see buddy.py; not in the default
   python -m pax_autockpt.tools.bench --only buddystep_Medium,buddyrelaunch_Medium,buddyflood_Tiny
 
 goodputtrace_<size> (goodput under one seeded failure trace, a preemption, crash or replaced VM per 400 s window
-(the MTBF ~20x a restart, Pax's interval ~MTBF/5), 2 seeds: the lineage each arm ends with, stock paxml with the
+(the MTBF ~18x our restart, Pax's interval ~MTBF/5), 2 seeds: the lineage each arm ends with, stock paxml with the
 guide's two flags, ours with the job directory, continuous, and the local tier, against undisturbed stock; see
 trace.py; Tiny only; not in the default set: ~1 h per pass):
 

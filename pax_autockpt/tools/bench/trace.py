@@ -14,11 +14,11 @@ failure inside a start-up is rare when failures are hours apart; a failure whose
 moment. After each failure the same command starts again at once, as a scheduler would (stock gets a new
 coordinator port each time). At W the job gets SIGTERM, 30 s to exit, then SIGKILL; then we count.
 
-The ratios are a TPU job's, scaled down: M is ~20x our restart (kill -> first step ~15-20 s with the compilation
-cache) and ~10-15x stock's (~25-40 s), and Pax's interval (4,000 steps, ~60-100 s) is ~M/5, as a job that saves
-every two hours against a failure every ten. A window of one MTBF holds one failure per seed: two seeds and two
-passes give each arm four windows, ~2 h for the whole bench on this machine. Each figure is therefore one
-failure's cost, paired across arms (the same failure at the same moment), not an average over many failures.
+The ratios are a TPU job's, scaled down: M is ~18x our restart (failure -> first step ~22 s with the compilation
+cache) and ~11x stock's (33-41 s), below a TPU job's 20-50x, and Pax's interval (4,000 steps, ~60-100 s) is ~M/5, as
+a job that saves every two hours against a failure every ten. A window of one MTBF holds one failure per seed: two
+seeds and two passes give each arm four windows, ~2 h for the whole bench on this machine. Each figure is therefore
+one failure's cost, paired across arms (the same failure at the same moment), not an average over many failures.
 
 Arms, each on the tiny model with Pax's interval every 4,000 steps (~60-100 s here;
 experiments.bench.TinyTraceStock / TinyTraceAutockpt):
