@@ -31,7 +31,7 @@ INTERRUPT_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports after Ctrl-C
 _received: list[tuple[int, float]] = []  # (signum, unix time) of the first preemption signal
 _lock = threading.RLock()  # re-entrant: the SIGTERM handler may run in the main thread while it holds it
 _state = {'interrupts': 0, 'publish': None, 'forwarded': False, 'pipe': None, 'previous': None, 'xla': None,
-          'xla_notified': False}
+          'xla_notified': False, 'early_sigterm_passed': False}
 _on_first: list[Callable[[int, float], None]] = []  # called once, with the first signal and its arrival
 
 
@@ -58,14 +58,22 @@ def on_first_signal(callback: Callable[[int, float], None]) -> None:
 
 def install() -> None:
   """From now on a SIGTERM is recorded, not fatal, and Ctrl-C saves (main thread only; SIGTERM until XLA
-  installs its own)."""
-  signal.signal(signal.SIGTERM, _record)
+  installs its own). With the watcher thread running, the SIGTERM is recorded there, never in a Python
+  handler: that runs in the main thread between two bytecodes, possibly inside a `with lock:` that a
+  callback (`on_first_signal`) takes too, and would then wait on itself forever (measured: an Event set from
+  a handler hung 3 processes in 300)."""
   install_interrupt()
+  signal.signal(signal.SIGTERM, _noted_by_watcher if _state['pipe'] is not None else _record)
+
+
+def _noted_by_watcher(signum, frame):
+  """SIGTERM's Python handler while the watcher thread reads the wakeup pipe: it records the signal."""
+  del signum, frame
 
 
 def is_installed() -> bool:
   """Whether Python's table has our SIGTERM handler (blind to XLA's C-level notifier)."""
-  return signal.getsignal(signal.SIGTERM) is _record
+  return signal.getsignal(signal.SIGTERM) in (_record, _noted_by_watcher)
 
 
 def received() -> tuple[int, float] | None:
@@ -159,6 +167,7 @@ def install_interrupt() -> None:
   _state['pipe'] = (read_fd, write_fd)
   _state['previous'] = signal.signal(signal.SIGINT, _python_handler)
   threading.Thread(target=_watch, args=(read_fd,), name='autockpt-sigint', daemon=True).start()
+  _sigterm_handler(_record, _noted_by_watcher)  # the watcher records it from now on
   if not _state.get('fork_hook'):
     os.register_at_fork(after_in_child=_forget_in_child)
     _state['fork_hook'] = True
@@ -174,9 +183,19 @@ def _forget_in_child() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
   except ValueError:  # not the child's main thread
     pass
+  _sigterm_handler(_noted_by_watcher, _record)  # no watcher in the child: the handler records it
   for fd in _state['pipe']:
     os.close(fd)
-  _state.update(pipe=None, previous=None, interrupts=0, publish=None, forwarded=False)
+  _state.update(pipe=None, previous=None, interrupts=0, publish=None, forwarded=False, early_sigterm_passed=False)
+
+
+def _sigterm_handler(if_now: Callable, then: Callable) -> None:
+  """SIGTERM's Python handler becomes `then` where it is `if_now` (never someone else's)."""
+  try:
+    if signal.getsignal(signal.SIGTERM) is if_now:
+      signal.signal(signal.SIGTERM, then)
+  except ValueError:  # not the main thread
+    pass
 
 
 def uninstall_interrupt() -> None:
@@ -185,6 +204,7 @@ def uninstall_interrupt() -> None:
     return
   signal.set_wakeup_fd(-1)
   signal.signal(signal.SIGINT, _state['previous'] or signal.default_int_handler)
+  _sigterm_handler(_noted_by_watcher, _record)
   read_fd, write_fd = _state['pipe']
   os.close(write_fd)
   _state.update(pipe=None, previous=None)
@@ -208,6 +228,8 @@ def _watch(read_fd: int) -> None:
         _record(signal.SIGTERM, None)  # the arrival, within milliseconds: the grace period counts from it
         if _state['xla'] is not None:  # ours in front of XLA's
           _notify_xla()
+        else:  # came before XLA took SIGTERM, recorded only now: possibly after hand_over looked for it
+          _pass_early_sigterm_on()
 
 
 def _on_interrupt() -> None:
@@ -228,10 +250,19 @@ def hand_over(publish: Callable[[], None]) -> None:
   with _lock:
     _state['publish'] = publish
   _put_ours_in_front_of_xla()
-  got = received()
-  if got and got[0] == signal.SIGTERM:
-    redeliver()
+  _pass_early_sigterm_on()
   _forward_interrupt()
+
+
+def _pass_early_sigterm_on() -> None:
+  """Once, after `hand_over`: a SIGTERM recorded here goes to whoever agrees on it now. Called by both
+  `hand_over` and the watcher (which records a signal milliseconds after it came: either may be last)."""
+  with _lock:
+    got = received()
+    if _state['publish'] is None or _state['early_sigterm_passed'] or not got or got[0] != signal.SIGTERM:
+      return
+    _state['early_sigterm_passed'] = True
+  redeliver()
 
 
 def _forward_interrupt() -> None:

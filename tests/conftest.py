@@ -66,7 +66,7 @@ def reset_signals() -> None:
   signals.uninstall_interrupt()
   signals._received.clear()  # pylint: disable=protected-access
   signals._state.update(interrupts=0, publish=None, forwarded=False, xla=None,  # pylint: disable=protected-access
-                        xla_notified=False)
+                        xla_notified=False, early_sigterm_passed=False)
   signals._on_first.clear()  # pylint: disable=protected-access
   grace.cancel_all()  # a watchdog armed by an in-process "signal" would end this process 299 s later
 

@@ -44,6 +44,7 @@ def test_sigterm_is_recorded_not_fatal():
   assert signals.is_installed() and signals.received() is None
   os.kill(os.getpid(), signal.SIGTERM)
   os.kill(os.getpid(), signal.SIGTERM)  # a second one changes nothing
+  assert _wait_for(signals.received)  # recorded by the watcher thread, within milliseconds
   signum, when = signals.received()
   assert signum == signal.SIGTERM and when > 0 and signals.name(signum) == 'SIGTERM'
   assert not signals.interrupted()
@@ -54,6 +55,7 @@ def test_single_process_watcher_agrees_on_the_next_step():
   assert signals.is_installed()
   assert [watcher.check(s) for s in (10, 11)] == [False, False]
   os.kill(os.getpid(), signal.SIGTERM)
+  assert _wait_for(signals.received)
   assert watcher.check(12) is True
   assert watcher.agreed_step == 12 and watcher.is_agreed(12) and not watcher.is_agreed(13)
   assert watcher.check(13) is False  # decided once
@@ -192,3 +194,42 @@ def test_sigterm_arrival_is_recorded_in_front_of_xla_s_notifier_which_still_agre
   words = out.stdout.split()
   assert words[:1] == ['lag_ms'], out.stderr[-3000:]
   assert 0 <= int(words[1]) < 300 and words[3] == str(int(signal.SIGTERM)) and words[5] == 'True', out.stdout
+
+
+# The main thread holds a plain lock (as LoopPhases does around each step's record) when SIGTERM arrives,
+# and a first-signal callback takes the same lock (as the exit path's does, to read the loop's place).
+_LOCK_HELD_AT_THE_SIGNAL = textwrap.dedent('''
+    import os, signal, threading, time
+    from pax_autockpt import signals
+    signals.install()
+    lock, done = threading.Lock(), threading.Event()
+    def callback(signum, arrival):
+      with lock:
+        done.set()
+    signals.on_first_signal(callback)
+    with lock:
+      os.kill(os.getpid(), signal.SIGTERM)
+      end = time.time() + 1.0
+      while time.time() < end:  # bytecodes: where Python would run a handler of its own
+        pass
+    print('recorded' if done.wait(10) else 'not recorded', flush=True)
+''')
+
+
+def test_a_sigterm_while_the_main_thread_holds_a_lock_a_callback_needs_is_recorded_not_deadlocked():
+  """Python runs its handlers in the main thread between bytecodes, inside whatever `with lock:` it is in:
+  a handler that ran the callbacks there would wait on the main thread forever. The watcher thread records."""
+  out = subprocess.run([sys.executable, '-c', _LOCK_HELD_AT_THE_SIGNAL], capture_output=True, text=True,
+                       cwd=os.getcwd(), timeout=60, check=False)
+  assert out.stdout.strip() == 'recorded' and out.returncode == 0, (out.stdout, out.stderr[-2000:])
+
+
+def test_a_forked_child_records_its_own_sigterm_without_the_parents_watcher():
+  signals.install()
+  pid = os.fork()
+  if pid == 0:  # the child: no watcher thread (threads do not survive fork), so its handler records
+    code = 0 if signals.is_installed() else 3
+    os.kill(os.getpid(), signal.SIGTERM)
+    os._exit(code if signals.received() and signals.received()[0] == signal.SIGTERM else 4)  # pylint: disable=protected-access
+  assert os.waitpid(pid, 0)[1] >> 8 == 0
+  assert signals.received() is None  # the parent got nothing

@@ -24,6 +24,8 @@ import time
 import urllib.parse
 import urllib.request
 
+from pax_autockpt.tools import process
+
 _PREFIX = '/computeMetadata/v1/instance/'
 _CONTROL = '/_fake/'
 DEFAULTS = {'maintenance-event': 'NONE', 'preempted': 'FALSE'}  # upcoming-maintenance: unset (404)
@@ -165,11 +167,10 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument('--ready', required=True, help='file to write the port to once listening')
   args = parser.parse_args(argv)
   server = _Server()
-  signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
   with open(args.ready + '.tmp', 'w') as f:
     f.write(str(server.server_address[1]))
   os.replace(args.ready + '.tmp', args.ready)
-  server.serve_forever()
+  process.serve_until_stopped(server)
   return 0
 
 

@@ -41,6 +41,7 @@ import urllib.parse
 import urllib.request
 
 from pax_autockpt import hosts
+from pax_autockpt.tools import process
 
 GOOGLE_NAMES = ('www.googleapis.com', 'storage.googleapis.com', '*.storage.googleapis.com')
 _CONTROL = '/_local_gcs/'
@@ -322,15 +323,17 @@ class LocalGCS:
     return self
 
   def stop(self) -> None:
-    """Stops what start() started, by pid."""
-    for proc in reversed(self._procs):
+    """Stops what start() started, by pid: SIGTERM to both, then SIGKILL to any still there 10 s later."""
+    for proc in self._procs:
       if proc.poll() is None:
         os.kill(proc.pid, signal.SIGTERM)
-        try:
-          proc.wait(10)
-        except subprocess.TimeoutExpired:
-          os.kill(proc.pid, signal.SIGKILL)
-          proc.wait()
+    deadline = time.time() + 10
+    for proc in self._procs:
+      try:
+        proc.wait(max(0.0, deadline - time.time()))
+      except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
     self._procs.clear()
 
   @property
@@ -419,12 +422,11 @@ def _serve_proxy(upstream_port: int, workdir: str) -> None:
   tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
   ca.issue_cert(*GOOGLE_NAMES).configure_cert(tls)
   proxy = _Proxy(('127.0.0.1', upstream_port), tls)
-  signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=proxy.shutdown).start())
   tmp = os.path.join(workdir, 'proxy.port.tmp')
   with open(tmp, 'w') as f:
     f.write(str(proxy.server_address[1]))
   os.replace(tmp, os.path.join(workdir, 'proxy.port'))
-  proxy.serve_forever()
+  process.serve_until_stopped(proxy)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -441,15 +443,12 @@ def main(argv: list[str] | None = None) -> int:
   if args.command == 'proxy':
     _serve_proxy(args.upstream_port, args.workdir)
     return 0
-  stop = threading.Event()
-  for signum in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a shell ignores it in a background job
-    signal.signal(signum, lambda *_: stop.set())
+  stopped = process.note_stop_signals()
   with LocalGCS(args.workdir, latency_ms=args.latency_ms) as gcs:
     for key, value in gcs.env().items():
       print(f'export {key}={value}')
     print(f'# bucket: {gcs.url()}; Ctrl-C or SIGTERM stops the server and its proxy', flush=True)
-    while not stop.wait(1.0):
-      pass
+    process.wait_for(stopped)
   return 0
 
 
