@@ -52,14 +52,16 @@ soak: venv
 	$(PY) -m pax_autockpt.tools.soak --scale 8
 	$(PY) -m pax_autockpt.tools.soak --cycles 30 --num_hosts 1 --gcs
 	$(PY) -m pax_autockpt.tools.soak --cycles 10 --num_hosts 2 --seed 1 --gcs
-	@# Exact resume on 2 hosts and gs:// (the 1-host test is in make test), 4 hosts in 2 slices; the local
+	@# Exact resume (a real input's position) on 1 host three ways, and on 2 hosts and gs://; 2 hosts from a
+	@# 1-host checkpoint with a terminal's Ctrl-C; stock paxml main with a SIGTERM during the restore; 4 hosts in 2 slices; the local
 	@# tier on 2 hosts (a replaced host filled by its replica, gs://; the Medium state's replica streamed) and
 	@# 4 hosts in 2 slices; a storage outage at start-up on gs:// (TensorFlow's ~200 s of retries, then one
 	@# line); the gs:// keep-latest chain and 2 hosts on one bucket; buddy copies end to end; a donor SIGKILLed
 	@# mid-transfer; the adaptive interval and BestN over 2,000 steps; strangers flooding a live 2-host buddy
 	@# job's peer server (its fixed port taken).
 	$(PYTEST) -q -m soak tests/test_e2e_exact_resume.py tests/test_e2e_multihost.py tests/test_e2e_local_tier.py tests/test_e2e_gcs.py \
-	  tests/test_e2e_policies.py tests/test_local_tier.py tests/test_soak.py tests/test_e2e_peer_flood.py
+	  tests/test_e2e_policies.py tests/test_local_tier.py tests/test_soak.py tests/test_e2e_peer_flood.py \
+	  tests/test_e2e_single_host.py
 
 # The save decision's protocol at 8 to 1,024 simulated hosts (no model; ~20 minutes).
 bench-scale: venv

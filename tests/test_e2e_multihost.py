@@ -243,11 +243,11 @@ def test_bad_wiring_exits_2_with_one_line():
 
 
 def test_restore_decisions_agreed_across_hosts_and_verified_on_another_topology(jobs, job_dir, tmp_path):
-  """One slice over 2 hosts (each writes its half of every sharded array), six process starts (each launch's
-  hosts forked from its standby process), two of them ended by Ctrl-C:
-  1. 2 hosts train to step 100 and start a 2-minute eval (4,000 paced batches, each a collective over both
+  """One slice over 2 hosts (each writes its half of every sharded array), five process starts (each launch's
+  hosts forked from its standby process), the first ended by Ctrl-C:
+  1. 2 hosts train to step 20 and start a 2-minute eval (4,000 paced batches, each a collective over both
      hosts, `--eval_on_test`, 60 s of grace); a few batches in, Ctrl-C (SIGINT) to host 1 only: both stop
-     before the same eval batch, save step 100 and exit 130 inside the budget (issue 45: a preemption wherever
+     before the same eval batch, save step 20 and exit 130 inside the budget (issue 45: a preemption wherever
      the loop is). A byte flips in a shard only host 1 wrote.
   2. 2 hosts under `launch --max_restarts=1`: host 1's check finds it, both hosts skip that checkpoint and
      restore the same one; host 1 SIGKILLed: the launcher restarts both in place, forked again from its
@@ -257,9 +257,8 @@ def test_restore_decisions_agreed_across_hosts_and_verified_on_another_topology(
   4. 1 host (another topology: no restored shard is a saved one, so the saved shards are read back from
      storage): a byte flipped in host 1's half of the newest checkpoint is still found; every saved shard
      is checked.
-  5. 2 hosts again, from the 1-host checkpoint: the read-back is split across hosts; none unchecked. A
-     terminal's Ctrl-C (SIGINT to the launcher's process group) reaches each host once, through the
-     launcher; nothing trained since the restore, so nothing new is saved, and all exit 130."""
+  The way back (2 hosts from a 1-host checkpoint, a terminal's Ctrl-C through the launcher) is `make soak`'s
+  test_two_hosts_restore_a_one_host_checkpoint_and_a_terminal_ctrl_c_reaches_each_host_once."""
   exp = 'experiments.bench.TinyModelParallelAutockpt'
   first = _launch(jobs, job_dir, str(tmp_path / 'launch1.log'), 2, exp=EVAL_TWO_HOSTS,
                   host_flags=('--eval_on_test', '--autockpt_grace_secs=60'),
@@ -275,7 +274,7 @@ def test_restore_decisions_agreed_across_hosts_and_verified_on_another_topology(
   took = time.time() - sent
   step = _assert_all_preempted_at_same_step(job_dir, 2, restored=None, code=130, signal_name='SIGINT')
   found = [next(e for e in _run_events(job_dir, h) if e['event'] == 'preemption') for h in (0, 1)]
-  assert step == 100 and took < 60, (step, took)
+  assert step == 20 and took < 60, (step, took)
   assert [(f['during'], f['agreed_during']) for f in found] == [('eval', 'eval')] * 2, found
   assert found[0]['batch'] == found[1]['batch'] > 3, found
   assert found[1]['signal_at'] is not None and found[0]['signal_at'] is None  # host 0 learned it from host 1
@@ -326,7 +325,22 @@ def test_restore_decisions_agreed_across_hosts_and_verified_on_another_topology(
   assert start['shards_unchecked'] == 0 and start['shards_checked'] > 0, start
   assert re.search(r'\(\d+ in memory, [1-9]\d* read back from storage\), 0 of \d+ saved shards unchecked',
                    single.log()), [x for x in single.log().splitlines() if 'manifest' in x]
-  again = _assert_all_preempted_at_same_step(job_dir, 1, restored=start['restored_step'])
+  _assert_all_preempted_at_same_step(job_dir, 1, restored=start['restored_step'])
+
+
+@pytest.mark.soak
+def test_two_hosts_restore_a_one_host_checkpoint_and_a_terminal_ctrl_c_reaches_each_host_once(jobs, job_dir, tmp_path):
+  """`make soak` (until 2026-11-27 the last launch of the restore-decisions chain: ~40 s of `make test`, which
+  keeps the other direction, 2 hosts -> 1). A 1-host checkpoint restored by 2 hosts: the read-back is split
+  across hosts, none unchecked. A terminal's Ctrl-C (SIGINT to the launcher's process group) reaches each host
+  once, through the launcher; nothing trained since the restore, so nothing new is saved, and all exit 130."""
+  exp = 'experiments.bench.TinyModelParallelAutockpt'
+  single = forkserver.job(process.ours_argv(exp, job_dir), str(tmp_path / 'single.log'))
+  jobs.append(single)
+  single.wait_for_log(r'\[PAX STATUS\]: Step `\d+` completed')
+  single.send(signal.SIGTERM)
+  assert single.wait(180) == 143, single.log()[-3000:]
+  again = _assert_all_preempted_at_same_step(job_dir, 1, restored=None)
 
   seen = _host_log_sizes(job_dir, 2)
   back_t = time.time()
@@ -346,4 +360,3 @@ def test_restore_decisions_agreed_across_hosts_and_verified_on_another_topology(
   assert [s['restored_step'] for s in starts] == [again, again] and [s['shards_unchecked'] for s in starts] == [0, 0]
   assert all(s['shards_checked'] > 0 for s in starts), starts
   assert re.search(r'\(\d+ in memory, [1-9]\d* read back from storage\)', back.log()), back.log()[-3000:]
-
