@@ -71,16 +71,13 @@ def reset_signals() -> None:
   grace.cancel_all()  # a watchdog armed by an in-process "signal" would end this process 299 s later
 
 
-# The files with the longest end-to-end tests, ordered by their longest single test (make test,
-# 2 workers, 2026-11-24 with the compilation cache: exact resume ~115 s, gs:// ~125 s, multihost ~105 s,
-# then soak and single-host ~40-50 s), so that no long test is left to start last.
-_SLOWEST_FIRST = ('test_e2e_gcs.py', 'test_e2e_multihost.py', 'test_readme_tutorial.py', 'test_e2e_lineage.py',
-                  'test_e2e_exact_resume.py', 'test_e2e_anywhere.py',
-                  'test_soak.py',
-                  'test_e2e_single_host.py',
-                  'test_e2e_continuous.py',
-                  'test_e2e_restore_fallback.py', 'test_e2e_policies.py', 'test_e2e_disk_full.py',
-                  'test_bad_input.py')
+# The files with the longest end-to-end tests, ordered by their longest single test (fresh-clone make test,
+# 2 workers, 2026-11-27: the README tutorial 174 s, the multihost restore decisions 137 s, lineage 102 s, the
+# gs:// slow restore 91 s, then anywhere ~50 s), so that no long test is left to start last.
+_SLOWEST_FIRST = ('test_readme_tutorial.py', 'test_e2e_multihost.py', 'test_e2e_lineage.py', 'test_e2e_gcs.py',
+                  'test_e2e_anywhere.py', 'test_e2e_restore_fallback.py', 'test_e2e_continuous.py',
+                  'test_e2e_single_host.py', 'test_e2e_disk_full.py', 'test_bad_input.py',
+                  'test_e2e_exact_resume.py', 'test_soak.py', 'test_e2e_policies.py')
 
 
 def pytest_configure(config):
