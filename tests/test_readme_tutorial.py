@@ -64,13 +64,16 @@ def test_the_readme_cpu_tutorial_runs_as_written(tmp_path):
 
 def assert_run_2_loaded_its_train_step_from_the_cache(tmp_path):
   """The compilation cache is on by default, in the job directory: run 1 wrote its train step there, run 2
-  (a restore: its state copied into memory XLA owns first) loaded it. A miss would write the same key again."""
+  (a restore: its state copied into memory XLA owns first) loaded it, and so did the uninterrupted run given
+  that cache. A miss would write the same key again."""
   written = r'Writing pjit__wrapped_step_fn to persistent compilation cache with key (\S+)\.'
   run1, run2 = ((tmp_path / f'run{i}.log').read_text() for i in (1, 2))
   keys = re.findall(written, run1)
   assert keys and not set(keys) & set(re.findall(written, run2)), (keys, re.findall(written, run2))
   assert os.listdir(tmp_path / 'job' / 'autockpt' / 'compilation_cache')
   assert 'copied into memory XLA owns' in run2
+  # The uninterrupted run, pointed at the job's cache, compiles no train step of its own either.
+  assert not re.findall(written, (tmp_path / 'uninterrupted.log').read_text())
 
 
 def test_a_mistyped_tutorial_command_is_not_waited_for_in_silence(tmp_path):
