@@ -26,6 +26,7 @@ import dataclasses
 import http.client
 import http.server
 import json
+import math
 import os
 import random
 import signal
@@ -448,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in gcs.env().items():
       print(f'export {key}={value}')
     print(f'# bucket: {gcs.url()}; Ctrl-C or SIGTERM stops the server and its proxy', flush=True)
-    process.wait_for(stopped)
+    process.wait_until(lambda: stopped, 'a stop signal', timeout=math.inf)
   return 0
 
 

@@ -1,6 +1,7 @@
 """Starts and watches real training processes: for the demo, the launcher, tests and benchmarks."""
 
 import importlib.util
+import math
 import os
 import re
 import signal
@@ -48,17 +49,11 @@ def note_stop_signals() -> list[int]:
   return got
 
 
-def wait_for(got: list[int], every: float = 0.1) -> None:
-  """Until `got` (from `note_stop_signals`) holds a signal."""
-  while not got:
-    time.sleep(every)
-
-
 def serve_until_stopped(server) -> None:
   """`server.serve_forever()` (a socketserver) until SIGTERM or SIGINT, then its shutdown."""
   got = note_stop_signals()
   threading.Thread(target=server.serve_forever, name='serve', daemon=True).start()
-  wait_for(got)
+  wait_until(lambda: got, 'a stop signal', timeout=math.inf)
   server.shutdown()
 
 
