@@ -6,6 +6,7 @@ Standard library only, and nothing is measured per step: a few marks, once per p
 """
 
 import os
+import socket
 import time
 
 _marks: dict[str, float] = {}  # name -> when it was first reached (wall clock)
@@ -42,8 +43,14 @@ def process_start_t() -> float | None:
   """
   if _began:
     return _began[0]
+  return proc_start_t('self')
+
+
+def proc_start_t(pid: int | str) -> float | None:
+  """When process `pid` (or 'self') started, unix seconds, from Linux's /proc as process_start_t places it (the
+  same clock, so `status` can tell a `start` event's process from a later one given its reused pid)."""
   try:
-    with open('/proc/self/stat') as f:
+    with open(f'/proc/{pid}/stat') as f:
       stat = f.read()
     since_boot = int(stat[stat.rindex(')') + 2:].split()[19]) / os.sysconf('SC_CLK_TCK')  # field 22
     with open('/proc/uptime') as f:
@@ -59,12 +66,14 @@ def process_start_t() -> float | None:
   return started if started <= now else None
 
 
-def start_fields() -> dict[str, float]:
+def start_fields() -> dict[str, float | str | bool]:
   """The `start` event's start-up fields that are known: `process_start_t`, `imported_s` (process start -> the
   heavy imports done) and `distributed_s` (paxml's setup_jax, jax.distributed.initialize in it; only under
-  pax_autockpt.main, which brackets the call); `standby`: true for a standby that became this host. A field not
-  measured is absent."""
+  pax_autockpt.main, which brackets the call); `standby`: true for a standby that became this host; `hostname`:
+  this machine's (with `pid` and `process_start_t`, `pax-autockpt status` finds a live run's process). A field
+  not measured is absent."""
   fields = {'standby': True} if _began else {}
+  fields['hostname'] = socket.gethostname()
   began = process_start_t()
   if began is not None:
     fields['process_start_t'] = round(began, 3)

@@ -1,5 +1,6 @@
 """The `start` event's start-up fields (pax_autockpt.startup_times): the process's own start, and the marks."""
 
+import socket
 import sys
 import time
 
@@ -25,10 +26,11 @@ def test_the_fields_are_those_measured(monkeypatch):
   monkeypatch.setattr(startup_times, '_marks', {})
   monkeypatch.setattr(startup_times, 'process_start_t', lambda: 1000.0)
   startup_times._marks.update({startup_times.IMPORTED: 1007.25, startup_times.VALIDATED: 1010.0})
-  assert startup_times.start_fields() == {'process_start_t': 1000.0, 'imported_s': 7.25}
+  host = {'hostname': socket.gethostname()}
+  assert startup_times.start_fields() == {**host, 'process_start_t': 1000.0, 'imported_s': 7.25}
   startup_times._marks.update({startup_times.JAX_SETUP: 1009.5})
   assert startup_times.start_fields()['distributed_s'] == pytest.approx(0.5)
   startup_times.mark(startup_times.JAX_SETUP)  # a second call is not the start-up's
   assert startup_times._marks[startup_times.JAX_SETUP] == 1009.5
   monkeypatch.setattr(startup_times, 'process_start_t', lambda: None)  # off Linux
-  assert startup_times.start_fields() == {'distributed_s': pytest.approx(0.5)}
+  assert startup_times.start_fields() == {**host, 'distributed_s': pytest.approx(0.5)}

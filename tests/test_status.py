@@ -1,6 +1,7 @@
 """`pax-autockpt status`: two lines from the checkpoint listing and host 0's events."""
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -9,6 +10,7 @@ import pytest
 
 from pax_autockpt import events as events_lib
 from pax_autockpt import layout
+from pax_autockpt import startup_times
 from pax_autockpt.tools import process
 from pax_autockpt.tools import status
 from tests import fakes
@@ -37,9 +39,11 @@ def test_a_fresh_directory_a_preempted_run_and_one_still_running(tmp_path, capsy
   assert first == ('newest committed checkpoint: step 731, which the same command resumes from (3 committed: 0, '
                    '500, 731)')
   assert ', fresh): preempted (on-demand checkpoint committed) by SIGTERM at step 731, exit 143, ' in second
-  _run(job, ('start', {'restored_step': 731}))
+  _run(job, ('start', {'restored_step': 731, 'pid': os.getpid(), 'process_start_t': startup_times.process_start_t(),
+                        'hostname': socket.gethostname()}))
   status.run(job)
-  assert 'from step 731): no exit recorded: still running, or killed' in capsys.readouterr().out
+  assert f'from step 731): running (process {os.getpid()} on this machine): no step logged yet' in (
+      capsys.readouterr().out)
 
 
 @pytest.mark.parametrize('code,words', [(0, 'finished'), (1, 'failed'), (2, 'stopped on bad configuration'),
@@ -60,7 +64,7 @@ def test_a_job_with_a_local_tier_says_its_newest_local_step_and_whether_a_restar
       ', newer: the same command resumes from it where every host still holds its copy, or a replica does')
   _run(job, ('start', {'restored_step': 300, 'restored_from': 'local'}))
   status.run(job)
-  assert 'from step 300 of the local tier): no exit recorded' in capsys.readouterr().out
+  assert 'from step 300 of the local tier): running elsewhere (' in capsys.readouterr().out
 
 
 def test_a_finished_job_says_a_rerun_trains_nothing(tmp_path, capsys):
@@ -199,3 +203,69 @@ def test_wait_for_local_step_reads_host_0s_directory_and_needs_it_named(tmp_path
   assert 'local tier: step 450 committed on host 0' in capsys.readouterr().out
   assert status.run(job, wait_for_local=401) == 2
   assert capsys.readouterr().err.startswith('status: error: --wait_for_local_step reads host 0')
+
+
+def _here(**fields):
+  """A `start` event's fields for this very process, as a run on this machine writes them."""
+  return {'restored_step': None, 'pid': os.getpid(), 'process_start_t': startup_times.process_start_t(),
+          'hostname': socket.gethostname(), **fields}
+
+
+def _line(job, now):
+  return status.run_line(events_lib.read(job, 0), now=now)
+
+
+def test_a_run_whose_process_is_alive_on_this_machine_is_running_at_its_newest_logged_step(tmp_path):
+  """No exit event, and the start event's pid is alive here with the start time it recorded: running, at the step
+  of its newest progress (or save) event, however long ago host 0 last logged."""
+  job = str(tmp_path / 'job')
+  _run(job, ('start', {**_here(), 't': 1000.0}), ('first_step', {'step': 1, 't': 1010.0}),
+       ('progress', {'step': 650, 't': 1040.0}))
+  assert _line(job, now=1052.0).endswith(f': running (process {os.getpid()} on this machine): step 650, logged 12 s '
+                                         'ago')
+  assert ': running (process ' in _line(job, now=5000.0)  # alive here: however quiet its log
+
+
+def test_a_reused_pid_is_not_the_run(tmp_path):
+  """The pid lives on, but its process started 100 s after the run's did: another process got the pid after the
+  run's died. With this machine's name in the event, the run is killed; without a name (an older log), a process
+  started after the event's time is not the run's either, and the log's silence decides."""
+  job = str(tmp_path / 'job')
+  began = startup_times.process_start_t()
+  _run(job, ('start', _here(process_start_t=began - 100)), ('progress', {'step': 650, 't': began + 5}))
+  line = _line(job, now=began + 10)
+  assert f': killed without a chance to save (SIGKILL, a crash): no exit recorded, process {os.getpid()} is gone ' \
+         'from this machine; the last step 650, logged 5 s ago' in line
+  _run(job, ('start', {'restored_step': 650, 'pid': os.getpid(), 't': began - 100}),
+       ('progress', {'step': 700, 't': began - 30}))
+  assert ': running elsewhere (' in _line(job, now=began)  # not the run's process: the fresh log decides
+  assert ': killed without a chance to save' in _line(job, now=began + 100)
+  assert status.alive_here({'pid': os.getpid(), 't': began + 1}) is True  # started before its event: the run's
+
+
+def test_a_run_on_another_machine_is_running_while_host_0_logs_within_two_progress_intervals(tmp_path):
+  """Its process is not here: host 0's newest event decides, fresher than twice the progress cadence (30 s)."""
+  job = str(tmp_path / 'job')
+  _run(job, ('start', {**_here(hostname='tpu-vm-7', pid=1), 't': 1000.0}))
+  assert _line(job, now=1030.0).endswith(': running elsewhere (no process 1 here; host 0 logged 30 s ago, and logs '
+                                         'at least every 30 s while it trains): no step logged yet')
+  assert _line(job, now=1100.0).endswith(': no exit recorded and no step logged yet (host 0 has logged nothing for '
+                                         '100 s and its process is not on this machine): still starting elsewhere, '
+                                         'or killed')
+  _run(job, ('progress', {'step': 650, 't': 1200.0}))
+  assert _line(job, now=1259.0).endswith(': running elsewhere (no process 1 here; host 0 logged 59 s ago, and logs '
+                                         'at least every 30 s while it trains): step 650, logged 59 s ago')
+  assert _line(job, now=1500.0).endswith(': killed without a chance to save (SIGKILL, a crash): no exit recorded, '
+                                         'host 0 has logged nothing for 5 min and its process is not on this '
+                                         'machine; the last step 650, logged 5 min ago')
+
+
+def test_a_run_of_this_machine_whose_process_is_gone_is_killed_at_once(tmp_path):
+  """Named this machine, its pid gone (an exited child): killed, even a second after host 0's last event."""
+  job = str(tmp_path / 'job')
+  child = subprocess.Popen([sys.executable, '-c', 'pass'])
+  child.wait()
+  _run(job, ('start', {**_here(pid=child.pid), 't': 1000.0}), ('save_committed', {'step': 200, 't': 1020.0}))
+  assert _line(job, now=1021.0).endswith(f': killed without a chance to save (SIGKILL, a crash): no exit recorded, '
+                                         f'process {child.pid} is gone from this machine; the last step 200, '
+                                         'logged 1 s ago')

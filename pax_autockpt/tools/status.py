@@ -1,7 +1,9 @@
 """`pax-autockpt status JOB_LOG_DIR`: where a job stands, in two lines — the newest committed checkpoint
-(what the same command would resume from) and how the last run ended — and a third between them where
-the job uses a local tier (host 0's newest local step; and another while its local saves are failing). Local
-disk or gs://; reads only the checkpoint listing and host 0's event log, so it answers while the job runs.
+(what the same command would resume from) and how the last run ended, or that it is running and at which step
+(its process alive on this machine, or host 0 logging within two progress intervals for a run elsewhere) — and
+a third between them where the job uses a local tier (host 0's newest local step; and another while its local
+saves are failing). Local disk or gs://; reads only the checkpoint listing and host 0's event log (and, for a
+run of this machine, /proc), so it answers while the job runs.
 
 `--wait_for_checkpoint STEP` first waits until a checkpoint of STEP or later is committed (a script's
 "let it train a while, then preempt it"): exit 1 with one line when the job's run ends first, or on timeout.
@@ -13,6 +15,7 @@ of STEP or later (a script's "kill it once the local tier is past the job direct
 
 import datetime
 import os
+import socket
 import sys
 import time
 
@@ -20,9 +23,14 @@ from etils import epath
 
 from pax_autockpt import events as events_lib
 from pax_autockpt import layout
+from pax_autockpt import progress
+from pax_autockpt import startup_times
 
 DEFAULT_WAIT_SECS = 300.0  # --timeout_secs: the tutorial's checkpoints come within a minute
 PROGRESS_SECS = 30.0  # without --pid, a line this often while waiting
+LIVE_SECS = 2 * progress.PROGRESS_SECS  # host 0 logs `progress` this often at least while it trains
+START_SLACK_SECS = 2.0  # /proc's start time against the event's process_start_t (a standby's fork: ms apart)
+_STEP_EVENTS = ('first_step', 'progress', 'save_started', 'save_committed', 'local_committed', 'preemption')
 _ENDINGS = {0: 'finished', 1: 'failed', 2: 'stopped on bad configuration', 130: 'stopped by Ctrl-C'}
 
 
@@ -53,8 +61,8 @@ def finished(run: list[dict]) -> bool:
   return bool(run) and 'preemption' not in kinds and any(e['event'] == 'exit' and e['code'] == 0 for e in run)
 
 
-def run_line(evs: list[dict]) -> str:
-  """How host 0's newest run ended, from its `start` and `exit` events."""
+def run_line(evs: list[dict], now: float | None = None) -> str:
+  """How host 0's newest run ended, from its `start` and `exit` events; without an exit, whether it runs."""
   run = last_run(evs)
   if not run:
     return 'last run: none recorded'
@@ -63,13 +71,61 @@ def run_line(evs: list[dict]) -> str:
   began = f'last run (started {_when(run[0]["t"])}, {"fresh" if restored is None else f"from step {restored}{tier}"})'
   ended = next((e for e in reversed(run) if e['event'] == 'exit'), None)
   if ended is None:
-    return f'{began}: no exit recorded: still running, or killed without a chance to save (SIGKILL, a crash)'
+    return f'{began}: {liveness(run, time.time() if now is None else now)}'
   code = ended['code']
   how = _ENDINGS.get(code, 'preempted (on-demand checkpoint committed)' if code >= 128 else 'ended')
   preemption = next((e for e in reversed(run) if e['event'] == 'preemption'), None)
   signal = f' by {preemption["signal"]}' if preemption and preemption.get('signal') and code >= 128 else ''
   done = '; rerunning the same command trains nothing' if finished(run) else ''
   return f'{began}: {how}{signal} at step {ended.get("step")}, exit {code}, {_when(ended["t"])}{done}'
+
+
+def liveness(run: list[dict], now: float) -> str:
+  """A run without an exit event: running (its process is alive on this machine, or host 0 logged within two
+  progress intervals, for a run elsewhere) with its newest logged step; else killed without a chance to save."""
+  start, newest = run[0], _newest_step(run)
+  step = f'step {newest["step"]}, logged {_ago(now - newest["t"])} ago' if newest else 'no step logged yet'
+  here = alive_here(start)
+  if here:
+    return f'running (process {start["pid"]} on this machine): {step}'
+  quiet = now - run[-1]['t']
+  if here is None and quiet <= LIVE_SECS:
+    return (f'running elsewhere (no process {start.get("pid")} here; host 0 logged {_ago(quiet)} ago, and logs at '
+            f'least every {progress.PROGRESS_SECS:g} s while it trains): {step}')
+  gone = (f'process {start.get("pid")} is gone from this machine' if here is False else
+          f'host 0 has logged nothing for {_ago(quiet)} and its process is not on this machine')
+  if here is None and newest is None:
+    return f'no exit recorded and no step logged yet ({gone}): still starting elsewhere, or killed'
+  return f'killed without a chance to save (SIGKILL, a crash): no exit recorded, {gone}; the last {step}'
+
+
+def alive_here(start: dict) -> bool | None:
+  """Whether the process of a `start` event runs on this machine: True, False (the event names this machine and
+  the process is gone, or another process holds its pid now), or None (the run was on another machine, or the
+  event does not say which and no live process matches). The process's start time (/proc) must be the event's
+  `process_start_t` (else: before the event's time): a pid reused by a later process is not the run's."""
+  pid, ours = start.get('pid'), start.get('hostname') in (None, socket.gethostname())
+  if not ours or pid is None or not running(pid):
+    return False if ours and 'hostname' in start else None
+  began = startup_times.proc_start_t(pid)
+  expected = start.get('process_start_t')
+  if began is None:  # no /proc: the pid is alive, nothing tells whether it is the run's
+    same = True
+  else:
+    same = abs(began - expected) <= START_SLACK_SECS if expected is not None else began <= start['t']
+  return True if same else (False if 'hostname' in start else None)
+
+
+def _newest_step(run: list[dict]) -> dict | None:
+  """The run's newest event that names the step its loop stood at."""
+  return next((e for e in reversed(run) if e['event'] in _STEP_EVENTS and e.get('step') is not None), None)
+
+
+def _ago(secs: float) -> str:
+  secs = max(0.0, secs)
+  if secs < 120:
+    return f'{secs:.0f} s'
+  return f'{secs / 60:.0f} min' if secs < 7200 else f'{secs / 3600:.1f} h'
 
 
 def local_line(evs: list[dict], newest: int | None, local_dir: str | None = None) -> str | None:
