@@ -51,7 +51,7 @@ def tmpfs(tmp_path):
       pytest.skip('mounting a tmpfs needs root')
     path = tmp_path / f'tmpfs-{len(mounts)}'
     path.mkdir()
-    done = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size}', 'tmpfs', str(path)], capture_output=True,
+    done = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size},mode=0700', 'tmpfs', str(path)], capture_output=True,
                           text=True, check=False)
     if done.returncode:
       pytest.skip(f'cannot mount a tmpfs: {done.stderr.strip()}')
