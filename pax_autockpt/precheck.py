@@ -232,6 +232,6 @@ def run(argv: list[str]) -> None:
     raise settings_lib.ConfigError(problem)
   if local and job:  # another live job on it: exit 2 now, ~1 s in, not after paxml's start-up
     lock.hold(local.replace('{host}', str(wiring.host_idx or 0)), job, wiring.host_idx or 0)
-  missing = experiment_names.module_missing(values['exp']) if values.get('exp') else None
+  missing = experiment_names.unknown(values['exp']) if values.get('exp') else None
   if missing:
     raise settings_lib.ConfigError(missing)
