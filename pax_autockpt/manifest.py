@@ -8,7 +8,9 @@ background save's host copy), so each host digests the shards it writes there, o
 with xxh3-64 (the `xxhash` package, ~10 GB/s), into `autockpt_manifest/host<IDX>.json` in the
 checkpoint. At restore every host digests the shards it restored and compares. Arrays are named as
 they are on disk (Pax's names for zarr, orbax's for OCDBT), so `pax-autockpt verify` can check a
-checkpoint offline.
+checkpoint offline. With a local tier each file also names the save (`save`: its id, pax_autockpt.local.lineage):
+the checkpoint's own record of which save it is, that a local step's lineage is matched against, since an
+event log can lose a commit's event or outlive a checkpoint edited or retrained in place.
 """
 
 import json
@@ -49,15 +51,28 @@ def shard_index(key: str) -> tuple[slice, ...]:
   return tuple(slice(*map(int, part.split(':'))) for part in key.split(','))
 
 
-def build(host_state: Any, *, use_ocdbt: bool, host: int) -> dict[str, Any]:
-  """The digests of the shards this host writes (background_save.HostArray leaves with numpy data)."""
+def build(host_state: Any, *, use_ocdbt: bool, host: int, save: str | None = None) -> dict[str, Any]:
+  """The digests of the shards this host writes (background_save.HostArray leaves with numpy data), and the
+  save's id where it has one."""
   arrays: dict[str, dict[str, str]] = {}
   for name, array in internals.array_names(host_state, use_ocdbt=use_ocdbt):
     shards = {shard_key(s.index, array.shape): digest(s.data) for s in array.addressable_shards
               if isinstance(s.data, np.ndarray)}
     if shards:
       arrays[name] = shards
-  return {'format': FORMAT, 'hash': HASH, 'host': host, 'hosts': jax.process_count(), 'arrays': arrays}
+  return {'format': FORMAT, 'hash': HASH, 'host': host, 'hosts': jax.process_count(), 'arrays': arrays,
+          **({'save': save} if save else {})}
+
+
+def save_id(step_path: epath.Path) -> str | None:
+  """The save id host 0's manifest file records (None: no manifest, none recorded, or unreadable: the event
+  log's then stands). A missing file reads as None without a listing: one request."""
+  try:
+    found = json.loads(layout.manifest_path(step_path, 0).read_text())
+  except (OSError, ValueError):
+    return None
+  save = found.get('save') if isinstance(found, dict) else None
+  return save if isinstance(save, str) else None
 
 
 def write(step_path: epath.Path, manifest: dict[str, Any]) -> None:

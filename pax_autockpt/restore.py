@@ -258,10 +258,10 @@ class Restorer:
     return self._local_step if newest is None or newest < self._local_step else None
 
   def _job_state(self) -> restoring.JobState:
-    """The job directory as a local step's lineage is checked against (committed and set-aside steps)."""
-    return restoring.JobState(self._local_job, layout.committed_steps(self.checkpoint_dir),
-                              layout.set_aside_steps(self._events.job_log_dir), self._ever_committed,
-                              self._saves)
+    """The job directory as a local step's lineage is checked against (restoring.job_state: committed and
+    set-aside steps, the save ids their manifests and this host's event log record, the rollbacks)."""
+    return restoring.job_state(self._events.job_log_dir, self._local_job, self._host, self.checkpoint_dir,
+                               {**{s: () for s in self._ever_committed}, **self._saves})
 
   def _local_plan(self, partitioner: Any, metadata: Any, pipeline: Any) -> int | None:
     """The local step every host restores (Pax is pointed at it), or None for the job directory's newest."""

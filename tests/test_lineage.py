@@ -80,10 +80,13 @@ def test_the_tracker_follows_saves_as_they_start_commit_and_fail():
   tracker.save_started(500)
   tracker.save_failed(500)
   assert tracker.at(550) == Lineage('job-a', 'r2', 400, ())
-  # A restored local step carries on the lineage it grew from.
+  # A restored local step carries on the lineage it grew from, and the line of the run that wrote it.
   tracker.restored(623, Lineage('job-a', 'r1', 600, (620,)))
-  assert tracker.at(630) == Lineage('job-a', 'r2', 600, (620,))
+  assert tracker.at(630) == Lineage('job-a', 'r2', 600, (620,), handed=(('r1', 623),))
   assert Lineage.from_json(tracker.at(630).to_json()) == tracker.at(630)
+  tracker.save_started(700)
+  tracker.save_committed(700)
+  assert tracker.at(710).handed == ()  # the line before the new base is the base's
 
 
 def test_a_job_directory_gets_one_id_and_a_new_directory_a_new_one(tmp_path):

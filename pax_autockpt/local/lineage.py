@@ -13,15 +13,21 @@ in its digest-covered index:
 - `base`: the newest job-directory checkpoint this run knew committed when the step's state was captured
   (the one it grew from), and `started`: this run's job-directory saves begun after that one, up to the step;
 - `base_id` and `started_ids`: the ids of those saves (`save_id`: each save's own, in its `save_started` and
-  `save_committed` events), where known. A checkpoint retrained to the same number is another save.
+  `save_committed` events and inside the checkpoint, in its manifest), where known. A checkpoint retrained to
+  the same number is another save;
+- `handed`: the earlier runs whose line of training it carries on since its base, each with the local step it
+  handed on at (a run that restored a local step continues the run that wrote it).
 
 A restart offers a local step only when `refusal` finds nothing wrong: the same job; its base, and any save it
 started that the event log says committed, still in the job directory (committed, or set aside as damaged:
 the state grew from it before the damage), else it was rolled back, unless a newer save it saw start is
 committed there (its base removed by preservation or max_to_keep is no rollback); each of them the same save
-as the job directory's checkpoint of that number (the newest `save_committed` event of it carries its id); and
-the job directory's newest checkpoint at or below the step one it grew from. Indexes written before ids
-(none recorded) are judged by step numbers alone. Pure, fed what the restart listed.
+as the job directory's checkpoint of that number (its manifest's id, else the newest `save_committed` event of
+it); the job directory's newest checkpoint at or below the step one it grew from; and no rollback discarded it.
+A rollback is a commit the event log records that is gone without a `deleted` record (`rolled_back`): it
+discards every state that shared its line of training after the newest checkpoint still there, so a step of a
+run in its line (`handed`) is refused whether it is newer or older than the deleted checkpoint. Indexes
+written before ids (none recorded) are judged by step numbers alone. Pure, fed what the restart listed.
 """
 
 import dataclasses
@@ -49,10 +55,12 @@ class Lineage:
   started: tuple[int, ...] = ()
   base_id: str | None = None
   started_ids: tuple[str | None, ...] = ()
+  handed: tuple[tuple[str, int], ...] = ()
 
   def to_json(self) -> dict[str, Any]:
     return {'job': self.job, 'run': self.run, 'base': self.base, 'started': list(self.started),
-            'base_id': self.base_id, 'started_ids': list(self.started_ids)}
+            'base_id': self.base_id, 'started_ids': list(self.started_ids),
+            'handed': [list(h) for h in self.handed]}
 
   @classmethod
   def from_json(cls, found: Any) -> 'Lineage':
@@ -60,13 +68,14 @@ class Lineage:
     if not isinstance(found, dict):
       raise ValueError('no lineage (written before local steps recorded their job)')
     job, run, base, started = found.get('job'), found.get('run'), found.get('base'), found.get('started')
-    base_id, started_ids = found.get('base_id'), found.get('started_ids', [])
+    base_id, started_ids, handed = found.get('base_id'), found.get('started_ids', []), found.get('handed', [])
     if not (isinstance(job, str) and isinstance(run, str) and (base is None or isinstance(base, int))
             and isinstance(started, list) and all(isinstance(s, int) for s in started)
             and (base_id is None or isinstance(base_id, str)) and isinstance(started_ids, list)
-            and len(started_ids) <= len(started) and all(i is None or isinstance(i, str) for i in started_ids)):
+            and len(started_ids) <= len(started) and all(i is None or isinstance(i, str) for i in started_ids)
+            and isinstance(handed, list) and all(_is_hand_over(h) for h in handed)):
       raise ValueError(f'lineage {found!r} is malformed')
-    return cls(job, run, base, tuple(started), base_id, tuple(started_ids))
+    return cls(job, run, base, tuple(started), base_id, tuple(started_ids), tuple(tuple(h) for h in handed))
 
   @property
   def token(self) -> str:
@@ -78,6 +87,17 @@ class Lineage:
     ids = (*self.started_ids, *[None] * (len(self.started) - len(self.started_ids)))
     base = [(self.base, self.base_id, True)] if self.base is not None else []
     return base + [(s, i, False) for s, i in zip(self.started, ids)]
+
+
+  def runs(self, step: int) -> list[tuple[str, int]]:
+    """(run, the newest step of its line that this state holds) of every run in its line since its base, this
+    step's own last: a save of such a run at step c shares this state's training up to min(c, that step)."""
+    return [*self.handed, (self.run, step)]
+
+
+def _is_hand_over(found: Any) -> bool:
+  return (isinstance(found, list) and len(found) == 2 and isinstance(found[0], str) and isinstance(found[1], int)
+          and not isinstance(found[1], bool))
 
 
 def save_id(run: str, step: int) -> str:
@@ -97,20 +117,54 @@ def committed_saves(events: list[dict[str, Any]]) -> dict[int, tuple[str | None,
   return saves
 
 
+def policy_deleted(events: list[dict[str, Any]]) -> frozenset[tuple[int, str]]:
+  """(step, save id) of the commits a `deleted` event (preservation, on the primary host: pass host 0's log)
+  removed: each `deleted` of a step covers every commit of it before it."""
+  commits: dict[int, list[str]] = {}
+  gone: set[tuple[int, str]] = set()
+  for e in events:
+    step = e.get('step')
+    if e.get('event') == 'save_committed' and isinstance(step, int) and isinstance(e.get('id'), str):
+      commits.setdefault(step, []).append(e['id'])
+    elif e.get('event') == 'deleted' and isinstance(step, int):
+      gone.update((step, i) for i in commits.pop(step, []))
+  return frozenset(gone)
+
+
+def rolled_back(saves: dict[int, tuple[str | None, ...]], deleted: frozenset[tuple[int, str]],
+                there: list[int], own: dict[int, str | None] | None = None) -> tuple[tuple[int, str], ...]:
+  """The commits this log records (`saves`, `committed_saves`) that are gone without a `deleted` record:
+  not `there` (committed or set aside), or replaced there by another save (`own`: the save id a checkpoint's
+  manifest names, '' for none where one was written; without, the newest commit of that step is taken for the
+  one there). A rollback."""
+  own = own or {}
+  gone = []
+  for step, ids in saves.items():
+    for i in ids:
+      if i is None or (step, i) in deleted:
+        continue
+      kept = step in there and (own[step] == i if own.get(step) is not None else i == ids[-1])
+      if not kept:
+        gone.append((step, i))
+  return tuple(sorted(gone))
+
+
 def refusal(lineage: Lineage, step: int, *, job: str, committed: list[int], set_aside: list[int],
             ever_committed: frozenset[int] = frozenset(),
-            saves: dict[int, tuple[str | None, ...]] | None = None) -> str | None:
+            saves: dict[int, tuple[str | None, ...]] | None = None, own: dict[int, str | None] | None = None,
+            gone: tuple[tuple[int, str], ...] = ()) -> str | None:
   """Why local `step` may not restore into job `job` whose job directory holds `committed` (and damaged
   `set_aside` checkpoints), or None. `saves` (`committed_saves` of this job's event log; `ever_committed`: the
   same steps, without ids): a save still in flight when the step was captured, committed and since deleted, is
-  a rollback too, and a checkpoint whose newest commit carries another id than the step's is another save.
+  a rollback too, and a checkpoint whose save id (`own`: its manifest's, else its newest commit's) is another
+  than the step's is another save. `gone`: the log's commits since rolled back (`rolled_back`).
   Each reason reads after "local step N is not offered: "."""
   if lineage.job != job:
     return f'written by another job (job id {lineage.job}, this job is {job})'
-  saves = {**{s: () for s in ever_committed}, **(saves or {})}  # (): committed, by saves of unknown ids
-  grown = [(s, i, base) for s, i, base in lineage.saves() if s <= step and (base or _committed(s, i, saves))]
+  saves, own = {**{s: () for s in ever_committed}, **(saves or {})}, own or {}  # (): committed, ids unknown
+  grown = [(s, i, base) for s, i, base in lineage.saves() if s <= step and (base or _committed(s, i, saves, own))]
   there = set(committed) | set(set_aside)
-  other = [(s, i) for s, i, _ in grown if s in there and not _same(s, i, saves)]
+  other = [(s, i) for s, i, _ in grown if s in there and not _same(s, i, saves, own)]
   if other:
     s, i = other[-1]
     return (f'it grew from checkpoint {s} of another save (id {i}), the job directory\'s {s} is a later save: '
@@ -118,31 +172,52 @@ def refusal(lineage: Lineage, step: int, *, job: str, committed: list[int], set_
   # A save it saw start, of a known id, committed and there (the same save): what it grew from before that
   # save may be gone (preservation, max_to_keep), not rolled back.
   anchor = max((s for s, i, base in grown if not base and i is not None and s in committed), default=None)
-  gone = [s for s, _, _ in grown if s not in there and (anchor is None or s > anchor)]
-  if gone:
-    return (f'it grew from checkpoint {max(gone)}, which is no longer in the job directory (rolled back): '
+  missing = [s for s, _, _ in grown if s not in there and (anchor is None or s > anchor)]
+  if missing:
+    return (f'it grew from checkpoint {max(missing)}, which is no longer in the job directory (rolled back): '
             'restoring it would undo the rollback')
-  return _newest_problem(lineage, step, committed, saves)
+  return _discarded(lineage, step, gone, anchor) or _newest_problem(lineage, step, committed, saves, own)
 
 
-def _committed(step: int, save: str | None, saves: dict[int, tuple[str | None, ...]]) -> bool:
-  """Whether the log says this save committed (by its id where both know it, else by its step)."""
+def _discarded(lineage: Lineage, step: int, gone: tuple[tuple[int, str], ...], anchor: int | None) -> str | None:
+  """Why a rollback discarded the step: a deleted commit of a run in its line, which shared its training
+  past the newest checkpoint of its line still there (`anchor`, else its base): older or newer than the step."""
+  floor = max((s for s in (lineage.base, anchor) if s is not None), default=-1)
+  for c, save in gone:
+    for run, held in lineage.runs(step):
+      if save.rsplit('-', 1)[0] == run[:16] and min(c, held) > floor:
+        return (f'checkpoint {c} of its line of training (save {save}) was deleted from the job directory '
+                f'(rolled back, no `deleted` record): restoring it would undo the rollback')
+  return None
+
+
+def _committed(step: int, save: str | None, saves: dict[int, tuple[str | None, ...]],
+               own: dict[int, str | None]) -> bool:
+  """Whether this save committed: the checkpoint there names it, or the log says so (by its id where both
+  know it, else by its step)."""
+  if save is not None and own.get(step) == save:
+    return True
   return step in saves and (save is None or not saves[step] or save in saves[step])
 
 
-def _same(step: int, save: str | None, saves: dict[int, tuple[str | None, ...]]) -> bool:
-  """Whether the newest commit of `step` is the save `save` (True where either id is not known)."""
-  return save is None or (saves.get(step) or (save,))[-1] == save
+def _same(step: int, save: str | None, saves: dict[int, tuple[str | None, ...]], own: dict[int, str | None]) -> bool:
+  """Whether the checkpoint of `step` is the save `save`: the id its manifest records, else its newest commit's
+  in the log (True where neither id is known)."""
+  if save is None:
+    return True
+  if own.get(step) is not None:
+    return own[step] == save
+  return (saves.get(step) or (save,))[-1] == save
 
 
 def _newest_problem(lineage: Lineage, step: int, committed: list[int],
-                    saves: dict[int, tuple[str | None, ...]]) -> str | None:
+                    saves: dict[int, tuple[str | None, ...]], own: dict[int, str | None]) -> str | None:
   """Why the job directory's newest checkpoint at or below `step` is not one the step grew from, or None."""
   below = [s for s in committed if s <= step]
   newest = below[-1] if below else None
   if newest is None or (lineage.base is not None and newest <= lineage.base):
     return None  # the base itself (the same save: checked before) or older
-  if any(s == newest and _same(s, i, saves) for s, i, base in lineage.saves() if not base):
+  if any(s == newest and _same(s, i, saves, own) for s, i, base in lineage.saves() if not base):
     return None
   return f'the job directory\'s checkpoint {newest} is not one it grew from'
 
@@ -155,6 +230,7 @@ class Tracker:
     self._job, self._run = job, run
     self._base: tuple[int, str | None] | None = None
     self._started: list[tuple[int, str | None]] = []
+    self._handed: tuple[tuple[str, int], ...] = ()  # the runs whose line this run carries on since its base
     self._lock = threading.Lock()
 
   @property
@@ -173,8 +249,9 @@ class Tracker:
       if grew_from is not None:
         self._base = None if grew_from.base is None else (grew_from.base, grew_from.base_id)
         self._started = [(s, i) for s, i, base in grew_from.saves() if not base]
+        self._handed = (*grew_from.handed, (grew_from.run, step))
       else:
-        self._base, self._started = (None if step is None else (step, save)), []
+        self._base, self._started, self._handed = (None if step is None else (step, save)), [], ()
 
   def save_started(self, step: int, save: str | None = None) -> None:
     with self._lock:
@@ -184,6 +261,7 @@ class Tracker:
     with self._lock:
       if self._base is None or step > self._base[0]:
         self._base = next(((s, i) for s, i in reversed(self._started) if s == step), (step, None))
+        self._handed = ()  # the line before the new base is the base's
       self._started = [(s, i) for s, i in self._started if s > self._base[0]]
 
   def save_failed(self, step: int) -> None:
@@ -196,7 +274,7 @@ class Tracker:
       started = [(s, i) for s, i in self._started if s <= step]
       base, base_id = self._base if self._base is not None else (None, None)
       return Lineage(self._job, self._run, base, tuple(s for s, _ in started), base_id,
-                     tuple(i for _, i in started) if any(i is not None for _, i in started) else ())
+                     tuple(i for _, i in started) if any(i is not None for _, i in started) else (), self._handed)
 
 
 def identify(job_log_dir: epath.PathLike, host: int) -> tuple[str, str]:

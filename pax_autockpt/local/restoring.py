@@ -12,6 +12,9 @@ straight from it before anyone reads (`fill`, over pax_autockpt.local.peer's aut
 coordination service carries only the donor's address and the transfer's secret). Reading a local step
 never touches the job directory; if it fails anywhere, every host falls back to the job directory together.
 The restore plans again whenever it sets a job-directory checkpoint aside.
+
+`decide` is the same choice made from the files alone (a job directory and the hosts' local directories, no
+training process, no coordination service): `pax-autockpt status` and the tests' reference model ask it.
 """
 
 import dataclasses
@@ -25,9 +28,11 @@ from etils import epath
 
 from pax_autockpt import agreement
 from pax_autockpt import coordination
+from pax_autockpt import events as events_lib
 from pax_autockpt import failures
 from pax_autockpt import hosts as hosts_lib
 from pax_autockpt import layout
+from pax_autockpt import manifest as manifest_lib
 from pax_autockpt.local import format as local_format
 from pax_autockpt.local import lineage as lineage_lib
 from pax_autockpt.local import peer
@@ -125,10 +130,56 @@ class JobState:
   set_aside: list[int]
   ever_committed: frozenset[int] = frozenset()  # steps whose save_committed event this host logged
   saves: dict[int, tuple[str | None, ...]] = dataclasses.field(default_factory=dict)  # their ids (lineage)
+  own: dict[int, str | None] = dataclasses.field(default_factory=dict)  # the save id each checkpoint records
+  gone: tuple[tuple[int, str], ...] = ()  # commits the log records, deleted with no record (lineage.rolled_back)
 
   @property
   def newest(self) -> int | None:
     return self.committed[-1] if self.committed else None
+
+
+def job_state(job_log_dir: epath.PathLike, job: str, host: int, ckpt_dir: epath.PathLike | None = None,
+              saves: dict[int, tuple[str | None, ...]] | None = None) -> JobState:
+  """What a local step's lineage is checked against, read from the job directory: its listing (`ckpt_dir`,
+  default Pax's), the save id inside each checkpoint (its manifest), the commits in host `host`'s event log
+  (`saves`: `lineage.committed_saves` of it, where the caller read it already) and host 0's `deleted` records
+  (preservation runs there)."""
+  ckpt = layout.checkpoint_dir(job_log_dir) if ckpt_dir is None else epath.Path(ckpt_dir)
+  committed, aside = layout.committed_steps(ckpt), layout.set_aside_steps(job_log_dir)
+  primary = events_lib.read(job_log_dir, 0)
+  if saves is None:
+    saves = lineage_lib.committed_saves(primary if host == 0 else events_lib.read(job_log_dir, host))
+  own = {s: _own_id(ckpt, s, primary) for s in committed}
+  gone = lineage_lib.rolled_back(saves, lineage_lib.policy_deleted(primary), committed + aside, own)
+  return JobState(job, committed, aside, frozenset(saves), saves, own, gone)
+
+
+def _own_id(ckpt: epath.Path, step: int, primary: list[dict[str, Any]]) -> str | None:
+  """The save id checkpoint `step` records in its manifest; '' (no save's id) where it records none but the
+  newest commit of that step in host 0's log wrote one (a manifest and an id): the checkpoint was replaced
+  since (edited in place, retrained by a tool); None where nothing is known."""
+  found = manifest_lib.save_id(layout.step_dir(ckpt, step))
+  if found is not None:
+    return found
+  commits = [e for e in primary if e.get('event') == 'save_committed' and e.get('step') == step]
+  return '' if commits and commits[-1].get('manifest') and isinstance(commits[-1].get('id'), str) else None
+
+
+def decide(job_log_dir: epath.PathLike, folders: dict[int, epath.PathLike], needs: dict[int, str], *,
+           job: str, needs_input: bool = False) -> tuple['Plan | None', int | None, dict[int, str]]:
+  """The restore's choice from the files alone: (the plan, None for the job directory; the job directory's
+  newest committed step; why each local step of host 0 is not offered). `folders`: every host's local
+  directory; `needs`: each host's shards' fingerprint; `job`: the job's identity (lineage.job_identity).
+  The same functions as a restart's (`LocalRestore.plan` without the coordination service)."""
+  reports, why = {}, {}
+  for host, folder in folders.items():
+    local = LocalRestore(folder, host=host, hosts=len(folders))
+    state = job_state(job_log_dir, job, host)
+    has, buddy = local.offers(needs_input, state)
+    reports[host] = HostReport(needs[host], has, state.newest, buddy, tuple(sorted(local.refused)))
+    why = local.reasons if host == 0 else why
+  newest = reports[0].job_dir if 0 in reports else None
+  return choose(reports, len(folders), newest), newest, why
 
 
 class LocalRestore:
@@ -143,6 +194,7 @@ class LocalRestore:
     self.restored_lineage: lineage_lib.Lineage | None = None  # of the local step `load` read
     self.agreed_newest: int | None = None  # the job directory's newest checkpoint the last plan was made against
     self.refused: set[tuple[int, str]] = set()  # (step, lineage token) this host's lineage check refused
+    self.reasons: dict[int, str] = {}  # own step -> why it was not offered, as the last plan found
 
   def usable_steps(self, needs_input: bool, job: JobState, buddy: bool = False) -> dict[int, tuple[str, str]]:
     """Committed local steps of this job's lineage (`lineage.refusal`) at least as new as its newest
@@ -155,6 +207,8 @@ class LocalRestore:
       if job.newest is not None and step < job.newest:
         continue  # the job directory's is newer
       why, found = self._refusal(folder, step, needs_input, job)
+      if why is not None and not buddy:
+        self.reasons[step] = why
       if why is not None:
         logging.warning('[autockpt] %slocal step %d is not offered for the restore: %s',
                         'the buddy copy of ' if buddy else '', step, why)
@@ -170,7 +224,7 @@ class LocalRestore:
       found = local_format.read_index(path)
       lineage = local_format.lineage_of(found)
       why = lineage_lib.refusal(lineage, step, job=job.job, committed=job.committed, set_aside=job.set_aside,
-                                ever_committed=job.ever_committed, saves=job.saves)
+                                ever_committed=job.ever_committed, saves=job.saves, own=job.own, gone=job.gone)
       if why is None:
         local_format.read_shards(path, found)
       else:
@@ -188,7 +242,7 @@ class LocalRestore:
     """Every host's reports, one plan on every host (against host 0's newest job-directory checkpoint)."""
     key = f'{coordination.LOCAL_RESTORE}plan/{self._plans + 1}'
     with agreement.working(key, self._host):  # the hosts already at the plan wait while this one reads
-      has, buddy = self._offers(needs_input, job)
+      has, buddy = self.offers(needs_input, job)
     self._plans += 1
     found = agreement.reports(key, self._host,
                               HostReport(needs, has, job.newest, buddy, tuple(sorted(self.refused))).encode())
@@ -201,9 +255,9 @@ class LocalRestore:
                  'none' if newest is None else newest, _where(plan, newest))
     return plan
 
-  def _offers(self, needs_input: bool, job: JobState) -> tuple[dict, dict]:
+  def offers(self, needs_input: bool, job: JobState) -> tuple[dict, dict]:
     """This host's usable steps and buddy copies; none from a folder that cannot be read."""
-    offers, self.refused = [], set()
+    offers, self.refused, self.reasons = [], set(), {}
     for buddy, folder in ((False, self.folder), (True, self.buddy_folder)):
       try:
         offers.append(self.usable_steps(needs_input, job, buddy=buddy))

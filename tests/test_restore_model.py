@@ -1,0 +1,332 @@
+"""The restore's choice checked against a reference model of the job's lineage (tests/restore_model.py), over
+histories Hypothesis generates: saves started and committed on the job directory and the local tier, deletions
+by the policy and by a user (rollback), set-asides, copies of the job directory, retrains to an earlier number
+(by the job, and in place by a tool), SIGKILLs anywhere, buddy copies, hosts replaced. Each history is written
+on disk as the product writes it (the real job-directory layout and event log, real local-tier steps with tiny
+arrays, each local step's lineage from the product's own tracker); at every restart the product's choice
+(`restoring.decide`, the plan a restart makes, on one host or agreed on two) must be the model's newest state,
+never one the model forbids. `make test` runs a bounded number of histories; AUTOCKPT_SOAK_HISTORIES=N (or
+`pytest -m soak`) many more. Failing histories found stay below as `@example`-like recorded tests."""
+
+import os
+import shutil
+import tempfile
+
+from etils import epath
+import hypothesis
+from hypothesis import stateful
+from hypothesis import strategies as st
+import numpy as np
+import pytest
+
+from pax_autockpt import events as events_lib
+from pax_autockpt import layout
+from pax_autockpt import manifest as manifest_lib
+from pax_autockpt.local import format as local_format
+from pax_autockpt.local import lineage as lineage_lib
+from pax_autockpt.local import restoring
+from tests import fakes
+from tests import restore_model
+
+HISTORIES = int(os.environ.get('AUTOCKPT_SOAK_HISTORIES', '0')) or 25
+ROOT = '/dev/shm' if os.path.isdir('/dev/shm') else None
+
+
+def _snapshot(host: int, hosts: int, step: int) -> local_format.Snapshot:
+  """Host `host`'s shard of a tiny model split over the hosts (no replica: a buddy copy is the only other)."""
+  return local_format.Snapshot({'w': ((hosts,), 'float32', {f'{host}:{host + 1}': np.array([step], np.float32)})},
+                               None)
+
+
+class Disk:
+  """One job directory and its hosts' local directories, written by the product's writers."""
+
+  def __init__(self, root: str, hosts: int):
+    self.root, self.hosts = epath.Path(root), hosts
+    self.job = self.root / 'job'
+    self.folders = [self.root / f'local-{h}' for h in range(hosts)]
+    self.logs = [events_lib.EventLog(self.job, h) for h in range(hosts)]
+    self.ckpt = layout.checkpoint_dir(self.job)
+    self.needs = {h: local_format.fingerprint_of(_snapshot(h, hosts, 0)) for h in range(hosts)}
+
+  def write_local(self, host: int, step: int, lineage: lineage_lib.Lineage, folder: epath.Path | None = None) -> None:
+    snap = _snapshot(host, self.hosts, step)
+    partial, arrays = local_format.write_part(folder or self.folders[host], step, snap)
+    local_format.commit(partial, local_format.index(step, host, self.hosts, local_format.fingerprint_of(snap), arrays,
+                                                    dict.fromkeys(range(self.hosts)), None, lineage))
+
+  def write_ckpt(self, step: int, save: str | None) -> None:
+    path = layout.step_dir(self.ckpt, step)
+    fakes.write_checkpoint(path)
+    for h in range(self.hosts):
+      manifest_lib.write(path, {'format': manifest_lib.FORMAT, 'hash': manifest_lib.HASH, 'host': h,
+                                'hosts': self.hosts, 'arrays': {'w': {f'{h}:{h + 1}': '0'}},
+                                **({'save': save} if save else {})})
+
+  def choice(self, job: str) -> tuple[int | None, str, str | None]:
+    """(step, tier, lineage token of the local copy restored) of the product's choice."""
+    plan, newest, _ = restoring.decide(self.job, dict(enumerate(self.folders)), self.needs, job=job)
+    if plan is None:
+      return newest, 'job_dir', None
+    donor = plan.donors[0]
+    buddy = 0 in plan.sources and plan.sources[0][0][1]
+    folder = layout.local_buddy_dir(self.folders[donor]) if buddy else self.folders[donor]
+    found = local_format.read_index(layout.local_step_dir(folder, plan.step))
+    return plan.step, 'local', local_format.lineage_of(found).token
+
+
+class Run:
+  """A live run: the product's lineage tracker and where the model says it trains."""
+
+  def __init__(self, job: str, run: str, node: int | None, step: int):
+    self.tracker = lineage_lib.Tracker(job, run)
+    self.node, self.step = node, step
+    self.last_local = self.last_save = step
+    self.pending: tuple[int, str, int] | None = None  # (step, save id, node) of the save in flight
+
+
+class History(stateful.RuleBasedStateMachine):
+  """See the module docstring."""
+
+  def __init__(self):
+    super().__init__()
+    self.tmp = tempfile.mkdtemp(dir=ROOT, prefix='restore-model-')
+    self.disk: Disk | None = None
+    self.model: restore_model.Model | None = None
+    self.run: Run | None = None
+    self.nodes: dict[tuple[str, int], int] = {}  # (lineage token, step) -> model node of a local step
+    self.job = ''
+    self.forks = 0
+    self.unrecorded: set[int] = set()  # checkpoints committed with their events lost
+
+  def teardown(self):
+    shutil.rmtree(self.tmp, ignore_errors=True)
+
+  @stateful.initialize(hosts=st.sampled_from([1, 2]))
+  def start(self, hosts):
+    self.disk, self.model = Disk(self.tmp, hosts), restore_model.Model(hosts)
+    self.job, _ = lineage_lib.identify(self.disk.job, 0)
+
+  # --- a run ---------------------------------------------------------------------------------
+
+  def _node_at(self, step: int) -> int:
+    """The model's node of the live run's state at `step` (one node whichever tiers save it)."""
+    run = self.run
+    if run.node is None or self.model.nodes[run.node].step != step:
+      run.node = self.model.new(step, run.node)
+    return run.node
+
+  @stateful.precondition(lambda self: self.run is None)
+  @stateful.rule()
+  def restart(self):
+    """The product's choice against the model's, then a run from it."""
+    step, tier, token = self.disk.choice(self.job)
+    if tier == 'local':
+      node = self.nodes[(token, step)]
+    else:
+      node = None if step is None else self.model.ckpts[step]
+    want = self.model.newest()
+    assert self.model.allowed(node), f'the product chose {tier} step {step}, a state the model forbids'
+    assert node == want, (f'the product chose {tier} step {step} (node {node}), the model '
+                          f'{want and self.model.nodes[want]}')
+    _, run_id = lineage_lib.identify(self.disk.job, 0)
+    self.run = Run(self.job, run_id, node, 0 if step is None else step)
+    if tier == 'local':
+      found = local_format.read_index(layout.local_step_dir(self._holder(step, token), step))
+      self.run.tracker.restored(step, local_format.lineage_of(found))
+    elif step is not None:
+      ids = lineage_lib.committed_saves(events_lib.read(self.disk.job, 0)).get(step, (None,))
+      self.run.tracker.restored(step, save=ids[-1])
+    else:
+      self.run.tracker.restored(None)
+
+  def _holder(self, step: int, token: str) -> epath.Path:
+    for folder in (*self.disk.folders, *[layout.local_buddy_dir(f) for f in self.disk.folders]):
+      path = layout.local_step_dir(folder, step)
+      if path.exists() and local_format.lineage_of(local_format.read_index(path)).token == token:
+        return folder
+    raise AssertionError(f'no copy of local step {step} of {token}')
+
+  @stateful.precondition(lambda self: self.run is not None)
+  @stateful.rule(steps=st.integers(1, 40))
+  def train(self, steps):
+    self.run.step += steps
+
+  @stateful.precondition(lambda self: self.run is not None and self.run.step > self.run.last_local)
+  @stateful.rule(killed_after=st.integers(0, 2))
+  def local_save(self, killed_after):
+    """Every host writes its part and commits; `killed_after` < hosts: a SIGKILL after that many hosts
+    renamed theirs (the others' stay `.partial`)."""
+    run, step = self.run, self.run.step
+    node, lineage = self._node_at(step), run.tracker.at(step)
+    run.last_local = step
+    self.nodes[(lineage.token, step)] = node
+    for h in range(self.disk.hosts):
+      if h >= killed_after and killed_after < self.disk.hosts:
+        local_format.write_part(self.disk.folders[h], step, _snapshot(h, self.disk.hosts, step))
+        continue
+      self.disk.write_local(h, step, lineage)
+      self.model.local[h][step] = node
+      self._prune(h)
+    if killed_after < self.disk.hosts:
+      self.run = None
+
+  def _prune(self, host: int) -> None:
+    """The newest three own steps stay (the product prunes too): the histories stay small."""
+    for step in sorted(self.model.local[host])[:-3]:
+      shutil.rmtree(layout.local_step_dir(self.disk.folders[host], step), ignore_errors=True)
+      del self.model.local[host][step]
+
+  @stateful.precondition(lambda self: self.run is not None and self.run.pending is None
+                         and self.run.step > self.run.last_save and self.run.step not in self.model.ckpts
+                         and self.run.step not in self.model.aside)
+  @stateful.rule()
+  def save_start(self):
+    run, step = self.run, self.run.step
+    save = run.tracker.save_id(step)
+    run.pending, run.last_save = (step, save, self._node_at(step)), step
+    run.tracker.save_started(step, save)
+    for log in self.disk.logs:
+      log.write('save_started', step=step, reason='continuous', id=save)
+
+  @stateful.precondition(lambda self: self.run is not None and self.run.pending is not None)
+  @stateful.rule()
+  def save_commit(self):
+    step, save, node = self.run.pending
+    self.disk.write_ckpt(step, save)
+    for log in self.disk.logs:
+      log.write('save_committed', step=step, duration_s=0.1, bytes=1, manifest=True, id=save)
+    self.run.tracker.save_committed(step)
+    self.model.ckpts[step] = node
+    self.run.pending = None
+
+  @stateful.precondition(lambda self: self.run is not None and self.run.pending is None and len(self.model.ckpts) > 1)
+  @stateful.rule(data=st.data())
+  def policy_delete(self, data):
+    """The preservation policy (host 0, after a commit) deletes an older checkpoint, with its record."""
+    step = data.draw(st.sampled_from(sorted(self.model.ckpts)[:-1]))
+    layout.uncommit_and_delete(layout.step_dir(self.disk.ckpt, step))
+    self.disk.logs[0].write('deleted', step=step, policy='keep')
+    del self.model.ckpts[step]
+
+  @stateful.precondition(lambda self: self.run is not None and self.run.pending is None
+                         and self.run.step + 1 not in self.model.ckpts and self.run.step + 1 not in self.model.aside)
+  @stateful.rule()
+  def sigterm(self):
+    """An on-demand save at the agreed step, committed, then the exit."""
+    self.run.step += 1
+    self.save_start()
+    self.save_commit()
+    self.run = None
+
+  @stateful.precondition(lambda self: self.run is not None)
+  @stateful.rule(committed=st.booleans())
+  def sigkill(self, committed):
+    """A SIGKILL: a save in flight is lost, or committed on disk with its `save_committed` events lost (a
+    gs:// log's queue): the checkpoint's manifest still names its save."""
+    if self.run.pending is not None and committed:
+      step, save, node = self.run.pending
+      self.disk.write_ckpt(step, save)
+      self.model.ckpts[step] = node
+      self.unrecorded.add(step)
+    self.run = None
+
+  # --- between runs ---------------------------------------------------------------------------
+
+  @stateful.precondition(lambda self: self.run is None and self.model.ckpts)
+  @stateful.rule()
+  def rollback(self):
+    """The user deletes the newest checkpoint (docs/local-tier.md's rollback): no record."""
+    step = max(self.model.ckpts)
+    hypothesis.assume(step not in self.unrecorded)  # a commit no log records: see docs/local-tier.md's limits
+    shutil.rmtree(layout.step_dir(self.disk.ckpt, step))
+    self.model.delete_by_user(step)
+
+  @stateful.precondition(lambda self: self.run is None and self.model.ckpts)
+  @stateful.rule()
+  def set_aside(self):
+    """A restore finds the newest checkpoint damaged and sets it aside."""
+    step = max(self.model.ckpts)
+    layout.set_aside_damaged(self.disk.job, layout.step_dir(self.disk.ckpt, step), 'damaged')
+    self.model.aside[step] = self.model.ckpts.pop(step)
+
+  @stateful.precondition(lambda self: self.run is None and self.model.ckpts)
+  @stateful.rule(own_manifest=st.booleans())
+  def tool_retrain(self, own_manifest):
+    """A tool rewrites the newest checkpoint in place (retrained from the one before), writing no events: with
+    a stock manifest (no save id), or none at all."""
+    step = max(self.model.ckpts)
+    hypothesis.assume(step not in self.unrecorded)
+    path = layout.step_dir(self.disk.ckpt, step)
+    shutil.rmtree(path)
+    if own_manifest:
+      self.disk.write_ckpt(step, None)
+    else:
+      fakes.write_checkpoint(path)
+    old = self.model.ckpts.pop(step)
+    below = [s for s in self.model.ckpts if s < step]
+    self.model.ckpts[step] = self.model.new(step, self.model.ckpts[max(below)] if below else None)
+    self.model.mark(old)
+
+  @stateful.precondition(lambda self: self.run is None)
+  @stateful.rule(step=st.integers(0, 300))
+  def fork(self, step):
+    """A copy of the job directory runs with the same local directories: another job's steps land there."""
+    self.forks += 1
+    copy = self.disk.root / f'fork-{self.forks}'
+    shutil.copytree(self.disk.job, copy)
+    job, run = lineage_lib.identify(copy, 0)
+    lineage = lineage_lib.Tracker(job, run).at(step)
+    node = self.model.new(step, None, job='fork')
+    self.nodes[(lineage.token, step)] = node
+    for h in range(self.disk.hosts):
+      self.disk.write_local(h, step, lineage)
+      self.model.local[h][step] = node
+
+  @stateful.precondition(lambda self: self.run is None and self.disk.hosts > 1)
+  @stateful.rule(host=st.integers(0, 1))
+  def replace_host(self, host):
+    """A replaced VM: its local directory is empty."""
+    shutil.rmtree(self.disk.folders[host], ignore_errors=True)
+    self.model.local[host], self.model.buddy[host] = {}, {}
+
+  @stateful.precondition(lambda self: self.run is not None and self.disk.hosts > 1)
+  @stateful.rule(host=st.integers(0, 1))
+  def buddy_copy(self, host):
+    """`host` keeps its neighbour's newest committed local step in buddy/ (pax_autockpt.local.buddy)."""
+    neighbour = (host + 1) % self.disk.hosts
+    held = self.model.local[neighbour]
+    hypothesis.assume(held)
+    step = max(held)
+    target = layout.local_step_dir(layout.local_buddy_dir(self.disk.folders[host]), step)
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(layout.local_step_dir(self.disk.folders[neighbour], step), target)
+    self.model.buddy[host] = {step: held[step]}
+    for old in layout.local_committed_steps(target.parent):
+      if old != step:
+        shutil.rmtree(layout.local_step_dir(target.parent, old))
+
+  @stateful.precondition(lambda self: self.run is None and any(self.model.local))
+  @stateful.rule(data=st.data())
+  def damage_local(self, data):
+    """A flipped byte in a local step's shards: damaged, never restored."""
+    host = data.draw(st.sampled_from([h for h in range(self.disk.hosts) if self.model.local[h]]))
+    step = data.draw(st.sampled_from(sorted(self.model.local[host])))
+    shards = layout.local_step_dir(self.disk.folders[host], step) / layout.LOCAL_SHARDS
+    data_ = bytearray(shards.read_bytes())
+    data_[0] ^= 0xFF
+    shards.write_bytes(bytes(data_))
+    del self.model.local[host][step]
+
+  @stateful.precondition(lambda self: self.run is None)
+  @stateful.invariant()
+  def the_choice_is_the_models(self):
+    if self.disk is not None:
+      step, tier, token = self.disk.choice(self.job)
+      node = self.nodes[(token, step)] if tier == 'local' else (None if step is None else self.model.ckpts[step])
+      assert self.model.allowed(node) and node == self.model.newest(), (tier, step, node, self.model.newest())
+
+
+History.TestCase.settings = hypothesis.settings(max_examples=HISTORIES, stateful_step_count=25, deadline=None,
+                                                suppress_health_check=list(hypothesis.HealthCheck))
+test_the_restore_choice_is_the_models = History.TestCase
