@@ -226,10 +226,11 @@ class JobDirectorySaves:
     return True
 
   def _write_manifest(self, step: int, directory: epath.Path, items: dict[str, Any]) -> None:
-    """In the background save, before the commit: this host's digests of what it writes."""
-    del step
-    manifest_lib.write(directory, manifest_lib.build(items['state'], use_ocdbt=self._use_ocdbt,
-                                                     host=self._events.host))
+    """In the background save, before the commit: this host's digests of what it writes, and the save's id
+    with a local tier (the checkpoint's own record of which save it is: pax_autockpt.local.lineage)."""
+    manifest_lib.write(directory, manifest_lib.build(
+        items['state'], use_ocdbt=self._use_ocdbt, host=self._events.host,
+        save=self._lineage.save_id(step) if self._lineage is not None else None))
 
   def _started(self, step: int, reason: str, start: float, blocking: float, waited: float,
                save: str | None = None) -> None:
