@@ -294,3 +294,14 @@ def test_the_readme_lists_every_exit_code_the_contract_gives():
   rows = re.findall(r'^\| (\d+) \|', section, re.M)
   assert rows == codes, rows
   assert '`pax-autockpt launch` exits with' in section and '| other |' in section
+
+
+def test_development_md_puts_the_current_figures_first_and_stays_short():
+  """docs/development.md is for a contributor: how long `make test` takes now, first, then a short dated history
+  (one table row per stop; the git log keeps the measurement notes)."""
+  with open(os.path.join(DOCS, 'development.md')) as f:
+    text = f.read()
+  assert len(text.splitlines()) <= 150, 'docs/development.md: at most 150 lines; the git log keeps the history'
+  now = _section(text, 'How long it takes').strip().split('\n\n')[0]
+  dates = re.findall(r'^\| (20\d\d-\d\d-\d\d) \|', _section(text, 'History'), re.M)
+  assert now.startswith('**Now**') and dates and max(dates) in now, now[:200]
