@@ -195,11 +195,17 @@ class AutockptCheckpointer:
       self._exit.on_preemption(step_i, state)
     elif notice is not None:
       self._exit.on_notice(step_i, notice, state)
-    elif self._saves.enabled and self._saves.wants_save(step_i):
+    elif self._saves.enabled and not self._saved_already(step_i) and self._saves.wants_save(step_i):
       self._saves.save(step_i, self._saves.reason, state)
     if self._local is not None:
       self._local.maybe_save(step_i, partitioned_train_state, train_input_pipeline)
     self.phases.enter(phases_lib.LOOP)
+
+  def _saved_already(self, step: int) -> bool:
+    """This step's save started already (an eval batch's preemption save with exit_after_ondemand=false, which
+    trains on): a second save of it would fail and drop the committed step from the policy's history."""
+    latest = self._saves.latest_step()
+    return latest is not None and latest >= step
 
   def _first_step_done(self, step: int) -> None:
     """Once, at the loop's second iteration: from now on a signal takes the agreed-step path; the `first_step`
@@ -235,12 +241,17 @@ class AutockptCheckpointer:
         self._exit.on_notice(place.step, notice, self._items_with(place.state))
 
   def save_final(self, step_i, **state):
+    """After the loop: a phase the rescue never saves beside (a signal now is answered by this save and the
+    normal end, never by pax_autockpt.rescue's second save of the same step and exit of its own); entering it
+    waits for the end where the rescue closed the gate first."""
+    self.phases.enter(phases_lib.FINISHING)
     self.last_step = step_i
     latest = self._saves.latest_step
     if self._saves.enabled and (latest() is None or latest() < step_i):
       self._saves.save(step_i, 'final', state)
 
   def wait_until_finished(self):
+    self.phases.enter(phases_lib.FINISHING)
     self._saves.background.wait()
     if self._local is not None:
       self._local.wait()

@@ -12,6 +12,7 @@ import jax
 from paxml import executors
 
 from pax_autockpt import checkpointer as checkpointer_lib
+from pax_autockpt import console
 from pax_autockpt import events as events_lib
 from pax_autockpt import failures
 from pax_autockpt import goodput_recording
@@ -86,8 +87,9 @@ class AutockptExecutor(executors.DefaultExecutor):
                  f'({failures.one_line(e)}); the newest committed checkpoint is '
                  f'{layout.step_text(self._checkpointer.newest_committed())}; exiting 1.', error=True)
     self._log_run_recap(0)
-    self._events.write('exit', code=0, step=self._checkpointer.last_step)
+    self._events.write('exit', code=0, step=self._checkpointer.last_step, **console.lost_fields())
     self._events.flush()
+    console.settle()
 
   def _stopped(self, stop: stops.StopTraining) -> None:
     """Training stopped for a preemption (exit 143, or 130 after Ctrl-C) or a save that did not commit (1); in
@@ -113,15 +115,15 @@ class AutockptExecutor(executors.DefaultExecutor):
 
   def _exit(self, code: int, step: int | None, message: str, error: bool = False) -> None:
     (logging.error if error else logging.info)('[autockpt] %s', message)
-    self._events.write('exit', code=code, step=step)
+    self._events.write('exit', code=code, step=step, **console.lost_fields())
     self._events.flush()
+    console.settle()  # a broken stdout must not turn the code into 120 (Python's code for a failed final flush)
     held = threading.current_thread() is not threading.main_thread()  # the main thread is held elsewhere
     if held or getattr(getattr(self, '_checkpointer', None), 'save_in_flight', False):
       # A save the grace period cut short is still writing from C++ threads, and Python's finalization
       # would abort under them (std::terminate, exit -6). It can no longer commit: end here. (And from
       # another thread, sys.exit would end only that thread.)
       logging.flush()
-      sys.stderr.flush()
       os._exit(code)  # pylint: disable=protected-access
     sys.exit(code)
 

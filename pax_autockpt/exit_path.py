@@ -21,6 +21,7 @@ from typing import Any, Callable
 from absl import logging
 
 from pax_autockpt import agreement
+from pax_autockpt import console
 from pax_autockpt import coordination
 from pax_autockpt import events as events_lib
 from pax_autockpt import grace
@@ -102,11 +103,17 @@ class ExitPath:
         self._owner = threading.get_ident()
       return self._owner == threading.get_ident()
 
+  def release(self) -> None:
+    """The owner gives the exit back (pax_autockpt.rescue, when the main thread moved on before the gate closed)."""
+    with self._owner_lock:
+      if self._owner == threading.get_ident():
+        self._owner = None
+
   @property
   def taken(self) -> bool:
     return self._owner is not None
 
-  def _take_over_or_wait(self) -> None:
+  def take_over_or_wait(self) -> None:
     """Another thread took the exit (its save is running): this one waits for it to end the process."""
     if not self.take_over():
       threading.Event().wait()
@@ -116,7 +123,7 @@ class ExitPath:
     nothing at all), so nothing to save; every host exits now, before the first step compiles. Unless the
     state restored is a local step the job directory lacks: it is saved there first (the local disks may
     go with the VMs), as at any agreed step."""
-    self._take_over_or_wait()
+    self.take_over_or_wait()
     unbacked = self._restorer.unbacked_step
     if unbacked is not None:
       logging.info('[autockpt] The restored local step %d is not in the job directory (newest there: %s): saving '
@@ -133,7 +140,7 @@ class ExitPath:
                     batch: int | None = None) -> None:
     """At the agreed step (`agreed_during`: where the hosts agreed; `batch`: which batch of an eval or decode
     program they stopped before): plan, save, wait for the commit, raise."""
-    self._take_over_or_wait()
+    self.take_over_or_wait()
     deadline = self._deadline()
     if not self._exit_after_ondemand:  # Pax trains on after the save; the watchdog exits 143 once it committed
       self._events.write('preemption', step=step, signal=self._preemption.signal_name,
@@ -198,7 +205,7 @@ class ExitPath:
     notices.warn_if_window_is_too_close(notice, self._durations())
     exiting = self._notice_action == 'save_and_exit'
     if exiting:
-      self._take_over_or_wait()
+      self.take_over_or_wait()
     self._save_unless_committed(step, 'notice', state, last=exiting)
     if exiting:
       self._exit_once_committed(step)
@@ -250,27 +257,28 @@ class ExitPath:
   def _out_of_time(self, deadline: grace.Deadline) -> None:
     """The watchdog, `grace.WATCHDOG_LEAD_SECS` before the deadline, with the process still alive (a wait
     or a teardown that hangs): one line and exit now, 143 if the step the exit waited for is committed.
-    The line and the event get half the lead time (storage may be what hangs), then the process ends."""
-    restored = self._restored_step() if self._restorer.unbacked_step is None else None  # a local step is not
-    known = [s for s in (*self._saves.committed_this_run, restored) if s is not None]  # no storage call
-    code = self._exit_code if self._exit_step is not None and self._exit_step in known else 1
-    message = (f'[autockpt] The grace period of {deadline.grace_secs:g} s ends in {grace.WATCHDOG_LEAD_SECS:g} s: '
-               f'exiting {code} now; the newest committed checkpoint is {max(known, default=None)}'
-               f'{self._what_is_lost(max(known, default=None))}.')
-    print(message, file=sys.stderr, flush=True)
+    The line and the event get half the lead time in another thread (storage or a pipe may be what hangs, a
+    write may fail): the process ends whatever they do."""
+    code = 1
+    try:
+      restored = self._restored_step() if self._restorer.unbacked_step is None else None  # a local step is not
+      known = [s for s in (*self._saves.committed_this_run, restored) if s is not None]  # no storage call
+      code = self._exit_code if self._exit_step is not None and self._exit_step in known else 1
+      message = (f'[autockpt] The grace period of {deadline.grace_secs:g} s ends in {grace.WATCHDOG_LEAD_SECS:g} s: '
+                 f'exiting {code} now; the newest committed checkpoint is {max(known, default=None)}'
+                 f'{self._what_is_lost(max(known, default=None))}.')
+      console.bounded(lambda: self._record_expiry(message, code), grace.WATCHDOG_LEAD_SECS / 2, 'autockpt-grace-exit')
+    finally:
+      os._exit(code)  # pylint: disable=protected-access
 
-    def record():
-      logging.error(message)
-      if 'exit' not in self._events.kinds_written:  # else the exit was decided already and its teardown hangs
-        self._events.write('exit', code=code, step=self._last_step(), grace_expired=True)
-        self._events.flush()
-      logging.flush()
-
-    recorder = threading.Thread(target=record, name='autockpt-grace-exit', daemon=True)
-    recorder.start()
-    recorder.join(grace.WATCHDOG_LEAD_SECS / 2)
-    os._exit(code)  # pylint: disable=protected-access
-
+  def _record_expiry(self, message: str, code: int) -> None:
+    console.write(sys.stderr, 'stderr', message + '\n')
+    logging.error(message)
+    if 'exit' not in self._events.kinds_written:  # else the exit was decided already and its teardown hangs
+      self._events.write('exit', code=code, step=self._last_step(), grace_expired=True, **console.lost_fields())
+      self._events.flush()
+    logging.flush()
+    console.settle()
 
   def _what_is_lost(self, newest: int | None) -> str:
     """For the watchdog's line: the trained steps no save kept, and where the main thread was held."""

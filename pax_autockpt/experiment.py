@@ -30,6 +30,8 @@ class AutockptMixin:
 
   def validate(self) -> None:
     startup_times.mark(startup_times.VALIDATED)  # paxml's setup_jax (jax.distributed's initialize) just ended
+    from pax_autockpt import signals  # pylint: disable=g-import-not-at-top
+    signals.take_sigterm_back_from_xla()  # a SIGTERM from here on is recorded on arrival, not only by XLA
     super().validate()
     try:
       settings = self.autockpt_settings()

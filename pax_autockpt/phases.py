@@ -26,6 +26,7 @@ EVAL = 'eval'
 DECODE = 'decode'
 CHECKPOINT = 'checkpoint'  # the checkpointer's own call (a save starting: the checkpointer is busy)
 LOOP = 'loop'  # between Pax's programs
+FINISHING = 'finishing'  # after the loop: the final save and the wait for it; the main thread owns the exit
 # Where a save of the newest trained state from another thread reads nothing the main thread is changing.
 SAFE_TO_SAVE_ELSEWHERE = frozenset({INPUT, AFTER_STEP, EVAL, DECODE, LOOP})
 
@@ -57,9 +58,14 @@ class LoopPhases:
     self._point = point
 
   def enter(self, phase: str) -> None:
-    self._stop_if_closed()
+    """The main thread enters `phase`, unless the gate is closed: the check and the change are one step under
+    the lock `close_if` takes, so no phase is entered after a close that saw the previous one."""
     with self._lock:
-      self._place = dataclasses.replace(self._place, phase=phase, since=time.time(), batch=0)
+      closed = self._closed_here()
+      if not closed:
+        self._place = dataclasses.replace(self._place, phase=phase, since=time.time(), batch=0)
+    if closed:
+      _wait_for_the_end()
 
   def trained(self, step: int, state: Any) -> None:
     """After each train step's dispatch: the state the next save would save (still computing: a save waits)."""
@@ -71,11 +77,14 @@ class LoopPhases:
 
   def point(self, phase: str) -> None:
     """At each eval or decode batch, before it runs."""
-    self._stop_if_closed()
     with self._lock:
-      if phase != self._place.phase:
-        self._place = dataclasses.replace(self._place, phase=phase, since=time.time(), batch=0)
-      self._place = dataclasses.replace(self._place, batch=self._place.batch + 1)
+      closed = self._closed_here()
+      if not closed:
+        if phase != self._place.phase:
+          self._place = dataclasses.replace(self._place, phase=phase, since=time.time(), batch=0)
+        self._place = dataclasses.replace(self._place, batch=self._place.batch + 1)
+    if closed:
+      _wait_for_the_end()
     if self._point is not None and self._place.step is not None:
       self._point(phase)
 
@@ -86,12 +95,25 @@ class LoopPhases:
   def close(self) -> None:
     """Another thread saves the state and ends the process: the main thread must not train on (the next
     train step would donate the buffers being saved) nor start a save of its own."""
-    self._closed.set()
+    with self._lock:
+      self._closed.set()
+
+  def close_if(self, may_save: Callable[[Place], bool]) -> Place | None:
+    """Closes the gate if `may_save(place)` holds for where the main thread is now, in one step with the check
+    (the main thread cannot change phase in between): the place to save from, or None (nothing closed)."""
+    with self._lock:
+      if not may_save(self._place):
+        return None
+      self._closed.set()
+      return self._place
 
   @property
   def closed(self) -> bool:
     return self._closed.is_set()
 
-  def _stop_if_closed(self) -> None:
-    if self._closed.is_set() and threading.current_thread() is threading.main_thread():
-      threading.Event().wait()  # the thread that closed the gate ends the process
+  def _closed_here(self) -> bool:
+    return self._closed.is_set() and threading.current_thread() is threading.main_thread()
+
+
+def _wait_for_the_end() -> None:
+  threading.Event().wait()  # the thread that closed the gate ends the process

@@ -53,11 +53,10 @@ class Rescue:
     threading.Thread(target=self._run, args=(arrival, grace_secs), name='autockpt-rescue', daemon=True).start()
 
   def _run(self, arrival: float, grace_secs: float | None) -> None:
-    place = self._held(arrival + wait_before_rescue(grace_secs),
-                       None if grace_secs is None else grace.Deadline(arrival, grace_secs))
-    if place is None or not self._exit.take_over():
+    place = self._take_the_exit(arrival + wait_before_rescue(grace_secs),
+                                None if grace_secs is None else grace.Deadline(arrival, grace_secs))
+    if place is None:
       return
-    self._phases.close()
     logging.warning('[autockpt] The main thread has been in %s for %.1f s and reached no agreement point since the '
                     'signal: saving step %d from another thread.', place.phase, time.time() - place.since, place.step)
     self._agree(place.step)
@@ -68,6 +67,22 @@ class Rescue:
     except Exception as e:  # pylint: disable=broad-except
       self._end(stops.SaveFailed(place.step, f'the save of step {place.step} from another thread failed: {e}'))
 
+  def _take_the_exit(self, rescue_at: float, deadline: grace.Deadline | None) -> phases_lib.Place | None:
+    """The place to save from, with the exit owned and the gate closed; None when the main thread keeps it. The
+    phase is checked again as the gate closes (one step): a main thread that entered the train step after the
+    first look keeps it (its dispatch donates the buffers), and this waits for the next safe place."""
+    while True:
+      place = self._held(rescue_at, deadline)
+      if place is None or not self._exit.take_over():
+        return None
+      closed = self._phases.close_if(self._may_save)
+      if closed is not None:
+        return closed
+      self._exit.release()
+
+  def _may_save(self, place: phases_lib.Place) -> bool:
+    return place.phase in phases_lib.SAFE_TO_SAVE_ELSEWHERE and self._trained(place)
+
   def _held(self, rescue_at: float, deadline: grace.Deadline | None) -> phases_lib.Place | None:
     """Waits until `rescue_at` and then while the main thread is in a phase unsafe to save beside; the place to
     save from, or None (the main thread took the exit, nothing new was trained, or the budget ran out)."""
@@ -75,7 +90,7 @@ class Rescue:
       place = self._phases.now()
       if deadline is not None and deadline.remaining() < grace.WATCHDOG_LEAD_SECS + grace.MARGIN_SECS:
         return None
-      if time.time() >= rescue_at and place.phase in phases_lib.SAFE_TO_SAVE_ELSEWHERE and self._trained(place):
+      if time.time() >= rescue_at and self._may_save(place):
         return place
       time.sleep(_POLL_SECS)
     return None

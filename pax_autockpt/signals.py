@@ -21,10 +21,11 @@ arrival within milliseconds and then calls XLA's handler itself, once.
 import ctypes
 import os
 import signal
-import sys
 import threading
 import time
 from typing import Callable
+
+from pax_autockpt import console
 
 INTERRUPT_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports after Ctrl-C
 
@@ -42,8 +43,11 @@ def _record(signum, frame):
       return
     _received.append((signum, time.time()))
     callbacks = list(_on_first)
-  for callback in callbacks:
-    callback(*_received[0])
+  for callback in callbacks:  # one that raises costs its own work, never the others'
+    try:
+      callback(*_received[0])
+    except Exception as e:  # pylint: disable=broad-except
+      console.say(f'a first-signal callback failed ({type(e).__name__}: {e})')
 
 
 def on_first_signal(callback: Callable[[int, float], None]) -> None:
@@ -68,12 +72,51 @@ def install() -> None:
 
 def _noted_by_watcher(signum, frame):
   """SIGTERM's Python handler while the watcher thread reads the wakeup pipe: it records the signal."""
-  del signum, frame
+  del frame
+  _wake_watcher_if_disconnected(signum)
+
+
+def _wake_watcher_if_disconnected(signum: int) -> None:
+  """In a Python handler (main thread): Python's C-level handler wrote the signal to the watcher's pipe already,
+  unless someone has pointed the wakeup fd elsewhere since (asyncio's loop adding and then removing a signal
+  handler leaves it at -1). Then the pipe is ours again (another live owner keeps it) and this writes the
+  byte itself, non-blocking: the watcher acts on it as on any other."""
+  pipe = _state['pipe']
+  if pipe is None:
+    return
+  try:
+    old = signal.set_wakeup_fd(pipe[1], warn_on_full_buffer=False)
+    if old == pipe[1]:
+      return
+    if old != -1:
+      signal.set_wakeup_fd(old)
+    os.write(pipe[1], bytes([signum]))
+  except (OSError, ValueError):
+    pass
+
+
+def reconnect() -> None:
+  """Main thread, once per step: the watcher's wakeup fd and our Python handlers back in place where someone
+  reset them to nothing (`set_wakeup_fd(-1)`, SIG_DFL), so that no later signal is lost to them. Someone
+  else's live handler or wakeup fd is left alone."""
+  pipe = _state['pipe']
+  if pipe is None or threading.current_thread() is not threading.main_thread():
+    return
+  try:
+    old = signal.set_wakeup_fd(pipe[1], warn_on_full_buffer=False)
+    if old not in (-1, pipe[1]):
+      signal.set_wakeup_fd(old)
+    if signal.getsignal(signal.SIGINT) in (signal.SIG_DFL, signal.default_int_handler):
+      signal.signal(signal.SIGINT, _python_handler)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+      signal.signal(signal.SIGTERM, _python_handler if _state['xla'] is not None else _noted_by_watcher)
+  except (OSError, ValueError):
+    pass
 
 
 def is_installed() -> bool:
   """Whether Python's table has our SIGTERM handler (blind to XLA's C-level notifier)."""
-  return signal.getsignal(signal.SIGTERM) in (_record, _noted_by_watcher)
+  return signal.getsignal(signal.SIGTERM) in (_record, _noted_by_watcher, _python_handler)
 
 
 def received() -> tuple[int, float] | None:
@@ -111,6 +154,14 @@ def _c_sigterm_handler() -> int | None:
   return action.handler or 0
 
 
+def take_sigterm_back_from_xla() -> bool:
+  """Right after jax.distributed's initialize installed XLA's notifier (the experiment's `validate`, which paxml
+  calls just after its setup_jax): ours in front of it again at once, so that a SIGTERM from now on is recorded
+  on arrival, as before the initialize, and not only by XLA's notifier, which tells no one when it came (the
+  start-up exit would not see it, and the job would restore, compile and train a step first)."""
+  return _put_ours_in_front_of_xla()
+
+
 def _put_ours_in_front_of_xla() -> bool:
   """Python's C-level handler (which writes to the watcher's pipe) in front of XLA's, whose address is
   kept to be called by the watcher. False (nothing changed) without the pipe, outside the main thread,
@@ -146,9 +197,11 @@ def name(signum: int) -> str:
 
 
 def _python_handler(signum, frame):
-  """Runs later, in the main thread: the watcher thread has acted already. Installed only so that
-  Python's C-level handler (which writes to the wakeup pipe) stays in place."""
-  del signum, frame
+  """Runs later, in the main thread: the watcher thread has acted already. Installed so that Python's C-level
+  handler (which writes to the wakeup pipe) stays in place; it writes the byte itself where the wakeup fd was
+  taken from the watcher (`_wake_watcher_if_disconnected`)."""
+  del frame
+  _wake_watcher_if_disconnected(signum)
 
 
 def install_interrupt() -> None:
@@ -184,9 +237,12 @@ def _forget_in_child() -> None:
   except ValueError:  # not the child's main thread
     pass
   _sigterm_handler(_noted_by_watcher, _record)  # no watcher in the child: the handler records it
+  if _state['xla'] is not None:  # forked by a training process (an input worker, not a host): SIGTERM ends it
+    _sigterm_handler(_python_handler, signal.SIG_DFL)
   for fd in _state['pipe']:
     os.close(fd)
-  _state.update(pipe=None, previous=None, interrupts=0, publish=None, forwarded=False, early_sigterm_passed=False)
+  _state.update(pipe=None, previous=None, interrupts=0, publish=None, forwarded=False, early_sigterm_passed=False,
+                xla=None, xla_notified=False)
 
 
 def _sigterm_handler(if_now: Callable, then: Callable) -> None:
@@ -212,7 +268,8 @@ def uninstall_interrupt() -> None:
 
 
 def _watch(read_fd: int) -> None:
-  """The watcher thread: one byte per signal that has a Python handler; it acts on SIGINT only."""
+  """The watcher thread: one byte per signal that has a Python handler. Nothing it does for one signal (a
+  callback that raises, a line that cannot be written) can end it: every later signal would be lost."""
   while True:
     try:
       data = os.read(read_fd, 64)
@@ -222,25 +279,35 @@ def _watch(read_fd: int) -> None:
       os.close(read_fd)
       return
     for signum in data:
-      if signum == signal.SIGINT:
-        _on_interrupt()
-      elif signum == signal.SIGTERM:  # recorded here even while the main thread is in C (Python's handler waits)
-        _record(signal.SIGTERM, None)  # the arrival, within milliseconds: the grace period counts from it
-        if _state['xla'] is not None:  # ours in front of XLA's
-          _notify_xla()
-        else:  # came before XLA took SIGTERM, recorded only now: possibly after hand_over looked for it
-          _pass_early_sigterm_on()
+      try:
+        _act_on(signum)
+      except Exception as e:  # pylint: disable=broad-except
+        console.say(f'handling {signal.Signals(signum).name} failed ({type(e).__name__}: {e}); still watching.')
+
+
+def _act_on(signum: int) -> None:
+  if signum == signal.SIGINT:
+    _on_interrupt()
+  elif signum == signal.SIGTERM:  # recorded here even while the main thread is in C (Python's handler waits)
+    _record(signal.SIGTERM, None)  # the arrival, within milliseconds: the grace period counts from it
+    if _state['xla'] is not None:  # ours in front of XLA's
+      _notify_xla()
+    else:  # came before XLA took SIGTERM, recorded only now: possibly after hand_over looked for it
+      _pass_early_sigterm_on()
 
 
 def _on_interrupt() -> None:
-  """The first Ctrl-C is a preemption that exits 130; the second ends the process now."""
+  """The first Ctrl-C is a preemption that exits 130; the second ends the process now. Each acts first and
+  writes its line after (the line's write may fail or block: `console`)."""
   _state['interrupts'] += 1
   if _state['interrupts'] > 1:
-    _say('second Ctrl-C: aborting now; steps since the last committed checkpoint are lost.')
+    console.say('second Ctrl-C: aborting now; steps since the last committed checkpoint are lost.', wait_secs=0.5)
     os._exit(INTERRUPT_EXIT_CODE)  # pylint: disable=protected-access
-  _say('Ctrl-C: saving at the step every host agrees on, then exiting 130; Ctrl-C again aborts at once.')
-  _record(signal.SIGINT, None)
-  _forward_interrupt()
+  try:
+    _record(signal.SIGINT, None)
+    _forward_interrupt()
+  finally:
+    console.say('Ctrl-C: saving at the step every host agrees on, then exiting 130; Ctrl-C again aborts at once.')
 
 
 def hand_over(publish: Callable[[], None]) -> None:
@@ -278,6 +345,3 @@ def _forward_interrupt() -> None:
   finally:
     redeliver()
 
-
-def _say(message: str) -> None:
-  print(f'[autockpt] {message}', file=sys.stderr, flush=True)

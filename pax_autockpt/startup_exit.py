@@ -26,12 +26,14 @@ from typing import Callable
 from absl import logging
 import jax
 
+from pax_autockpt import console
 from pax_autockpt import coordination
 from pax_autockpt import events as events_lib
 from pax_autockpt import exit_path
 from pax_autockpt import signals
 
 _WAIT_MS = 24 * 60 * 60 * 1000  # a waiting thread's bound: the first step completes long before
+_RECORD_SECS = 5.0  # the exit's events and line get this long; then the process ends without them
 
 
 class StartupExit:
@@ -114,9 +116,9 @@ class StartupExit:
       threading.Event().wait()  # another thread ends the process (and writes the events): one record, not two
     _, name, host = value.split('|')
     code = signals.INTERRUPT_EXIT_CODE if name == signal.SIGINT.name else self._exit_code
-    try:
-      self._record(name, int(host), code)
-    finally:  # whatever the output does (a launcher that died leaves a broken pipe), the process ends
+    try:  # whatever the output and storage do (a broken pipe, a full disk, a write that hangs), the process ends
+      console.bounded(lambda: self._record(name, int(host), code), _RECORD_SECS)
+    finally:
       os._exit(code)  # pylint: disable=protected-access
 
   def _record(self, name: str, host: int, code: int) -> None:
@@ -134,4 +136,5 @@ class StartupExit:
                'before the first step completed.)')
     logging.info(message)
     logging.flush()
-    print(message, file=sys.stderr, flush=True)
+    console.write(sys.stderr, 'stderr', message + '\n')
+    console.settle()

@@ -160,6 +160,9 @@ class FakePaxManager:
     return self._manager.latest_step()
 
   def should_save(self, step: int) -> bool:
+    """As orbax 0.5.9's: a step that reached preemption is due whatever was saved before (even itself)."""
+    if self._manager.reached_preemption(step):
+      return True
     latest = self.latest_step()
     return step % self.interval == 0 and (latest is None or step > latest)
 

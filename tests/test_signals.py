@@ -71,7 +71,9 @@ def test_one_ctrl_c_is_recorded_as_the_preemption_signal(capfd):
   assert _wait_for(signals.interrupted), 'the Ctrl-C watcher did not see SIGINT'
   assert signals.received()[0] == signal.SIGINT
   assert watcher.check(6) is True and watcher.signal_name == 'SIGINT'
-  assert 'Ctrl-C: saving at the step every host agrees on' in capfd.readouterr().err
+  err = []  # the line comes after the record, from the console's writer thread
+  assert _wait_for(lambda: err.append(capfd.readouterr().err) or 'Ctrl-C: saving at the step every host agrees on'
+                   in ''.join(err))
 
 
 @pytest.mark.parametrize('ctrl_c_first', [True, False])
