@@ -22,9 +22,11 @@ import pytest
 from pax_autockpt import events as events_lib
 from pax_autockpt import layout
 from pax_autockpt import manifest as manifest_lib
+from pax_autockpt import settings as settings_lib
 from pax_autockpt.local import format as local_format
 from pax_autockpt.local import lineage as lineage_lib
 from pax_autockpt.local import restoring
+from pax_autockpt.tools import status
 from tests import fakes
 from tests import restore_model
 
@@ -98,6 +100,7 @@ class History(stateful.RuleBasedStateMachine):
     self.job = ''
     self.forks = 0
     self.unrecorded: set[int] = set()  # checkpoints committed with their events lost
+    self.run_ids: list[str] = []
 
   def teardown(self):
     shutil.rmtree(self.tmp, ignore_errors=True)
@@ -130,6 +133,7 @@ class History(stateful.RuleBasedStateMachine):
     assert node == want, (f'the product chose {tier} step {step} (node {node}), the model '
                           f'{want and self.model.nodes[want]}')
     _, run_id = lineage_lib.identify(self.disk.job, 0)
+    self.run_ids.append(run_id)
     self.run = Run(self.job, run_id, node, 0 if step is None else step)
     if tier == 'local':
       found = local_format.read_index(layout.local_step_dir(self._holder(step, token), step))
@@ -330,3 +334,95 @@ class History(stateful.RuleBasedStateMachine):
 History.TestCase.settings = hypothesis.settings(max_examples=HISTORIES, stateful_step_count=25, deadline=None,
                                                 suppress_health_check=list(hypothesis.HealthCheck))
 test_the_restore_choice_is_the_models = History.TestCase
+
+
+def _replay(hosts: int, *steps: tuple[str, dict]) -> History:
+  """A recorded history (a failure Hypothesis found, or a case the review named), replayed step by step."""
+  history = History()
+  try:
+    history.start(hosts=hosts)
+    for name, args in steps:
+      getattr(history, name)(**args)
+      if history.run is None:
+        history.the_choice_is_the_models()
+  finally:
+    history.teardown()
+  return history
+
+
+@pytest.mark.parametrize('hosts', [1, 2])
+def test_a_rollback_holds_against_an_older_local_step_of_the_discarded_line(hosts):
+  """Found by the stateful test (issue 57's first case): local step 1, then SIGTERM's on-demand save of 2; the
+  user deletes checkpoint 2 to roll back to a fresh start. Local step 1 is older than 2 and grew from nothing
+  that is gone, but it is the line the rollback discarded: the restart starts fresh."""
+  _replay(hosts, ('restart', {}), ('train', {'steps': 1}), ('local_save', {'killed_after': 2}), ('sigterm', {}),
+          ('rollback', {}))
+
+
+def test_a_rollback_to_an_older_checkpoint_holds_against_the_local_steps_between():
+  """The issue's end-to-end case in small: checkpoint 5, local steps 9 and 12, 13 saved on SIGTERM, 13 deleted:
+  the restart restores 5, not 12; a run retrained from 5 after it may use its own local steps."""
+  history = _replay(1, ('restart', {}), ('train', {'steps': 5}), ('save_start', {}), ('save_commit', {}),
+                    ('train', {'steps': 4}), ('local_save', {'killed_after': 1}), ('train', {'steps': 3}),
+                    ('local_save', {'killed_after': 1}), ('sigterm', {}), ('rollback', {}), ('restart', {}),
+                    ('train', {'steps': 2}), ('local_save', {'killed_after': 1}), ('sigkill', {'committed': False}))
+  assert history.model.nodes[history.model.newest()].step == 7  # the retrained line's own local step
+
+
+@pytest.mark.parametrize('own_manifest', [True, False])
+def test_a_checkpoint_retrained_in_place_by_a_tool_refuses_the_local_steps_of_the_old_save(own_manifest):
+  """Issue 57's fourth case: checkpoint 5 (its save's id in its manifest and in the log), local step 10 grown
+  from it; a tool rewrites 5 in place and writes no events. The log still names the old save: only the
+  checkpoint's own record (a manifest without that id, or none) shows that 5 is another save now."""
+  _replay(1, ('restart', {}), ('train', {'steps': 5}), ('save_start', {}), ('save_commit', {}),
+          ('train', {'steps': 5}), ('local_save', {'killed_after': 1}), ('sigkill', {'committed': False}),
+          ('tool_retrain', {'own_manifest': own_manifest}))
+
+
+def test_a_retrain_whose_save_committed_event_was_lost_refuses_the_old_lines_local_steps():
+  """Checkpoint 5 (save r1), local step 10 grown from it; the user rolls 5 back, a new run retrains to 5 and is
+  SIGKILLed as that save commits: its `save_committed` never reaches the log (a gs:// queue), which still
+  names r1's. The checkpoint's manifest names the new save: local step 10 is refused."""
+  _replay(1, ('restart', {}), ('train', {'steps': 5}), ('save_start', {}), ('save_commit', {}),
+          ('train', {'steps': 5}), ('local_save', {'killed_after': 1}), ('sigkill', {'committed': False}),
+          ('rollback', {}), ('restart', {}), ('train', {'steps': 5}), ('save_start', {}),
+          ('sigkill', {'committed': True}))
+
+
+@pytest.mark.usefixtures('clean_signals')
+def test_a_save_writes_its_id_into_the_checkpoints_manifest(tmp_path):
+  """The checkpoint's own record of which save it is, the one its events name (with a local tier)."""
+  job, settings = tmp_path / 'job', settings_lib.Settings(local_dir=str(tmp_path / 'local'))
+  ckpt, _ = fakes.wrap(job, settings)
+  ckpt.save_if_needed(10, fakes.STATE)
+  ckpt.wait_until_finished()
+  committed, = fakes.events(job, 'save_committed')
+  assert manifest_lib.save_id(layout.step_dir(layout.checkpoint_dir(job), 10)) == committed['id']
+
+
+def test_status_never_promises_a_resume_the_restore_refuses(capsys):
+  """Issue 57's third case, on the rolled-back job: local step 12 grew from checkpoint 5 in the line of 13,
+  which the user deleted. The restore refuses 12; `status` asks the same decision and says so."""
+  history = History()
+  try:
+    history.start(hosts=1)
+    for name, args in [('restart', {}), ('train', {'steps': 5}), ('save_start', {}), ('save_commit', {}),
+                       ('train', {'steps': 7}), ('local_save', {'killed_after': 1}), ('sigterm', {}),
+                       ('rollback', {})]:
+      getattr(history, name)(**args)
+    template = str(history.disk.root / 'local-{host}')
+    assert status.run(str(history.disk.job), local_dir=template) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith('newest committed checkpoint: step 5, which the same command resumes from')
+    assert lines[1].startswith('local tier: step 12 committed on host 0 (in ')
+    assert lines[1].endswith(', not offered to a restart: checkpoint 13 of its line of training (save '
+                             f'{history.run_ids[-1][:16]}-13) was deleted from the job directory (rolled back, no '
+                             '`deleted` record): restoring it would undo the rollback')
+    history.restart()  # the restore's own choice: checkpoint 5; the retrained line's local step 15 is taken
+    history.train(steps=10)
+    history.local_save(killed_after=1)
+    history.sigkill(committed=False)
+    assert status.run(str(history.disk.job), local_dir=template) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith(', newer: the same command resumes from it')
+  finally:
+    history.teardown()

@@ -61,7 +61,8 @@ def test_a_job_with_a_local_tier_says_its_newest_local_step_and_whether_a_restar
   status.run(job)
   lines = capsys.readouterr().out.splitlines()
   assert lines[1].startswith('local tier: step 300 committed on host 0 at ') and lines[1].endswith(
-      ', newer: the same command resumes from it where every host still holds its copy, or a replica does')
+      ", newer than the job directory's newest checkpoint (--local_dir=TEMPLATE says whether a restart takes it)")
+  assert 'resumes from it' not in lines[1]  # the log holds no lineage: no promise (issue 57)
   _run(job, ('start', {'restored_step': 300, 'restored_from': 'local'}))
   status.run(job)
   assert 'from step 300 of the local tier): running elsewhere (' in capsys.readouterr().out
@@ -179,9 +180,9 @@ def test_the_local_tier_line_reads_the_directory_or_says_how_old_the_logs_figure
     (tmp_path / 'local-0' / f'step_{step:08d}' / layout.LOCAL_INDEX).write_text('{}')
   (tmp_path / 'local-0' / 'step_00000600.partial').mkdir()  # not committed
   status.run(job, local_dir=local)
-  assert capsys.readouterr().out.splitlines()[1] == (
-      f'local tier: step 575 committed on host 0 (in {tmp_path}/local-0), newer: the same command resumes from it '
-      'where every host still holds its copy, or a replica does')
+  assert capsys.readouterr().out.splitlines()[1] == (  # an index that does not read: what the restore says
+      f'local tier: step 575 committed on host 0 (in {tmp_path}/local-0), not offered to a restart: damaged '
+      f'({tmp_path}/local-0/step_00000575/index.json: format None)')
   _run(job, ('exit', {'code': 137, 'step': 580}))
   status.run(job)
   assert ' s ago' not in capsys.readouterr().out  # the run ended: the log's figure is its last word

@@ -173,13 +173,50 @@ def decide(job_log_dir: epath.PathLike, folders: dict[int, epath.PathLike], need
   The same functions as a restart's (`LocalRestore.plan` without the coordination service)."""
   reports, why = {}, {}
   for host, folder in folders.items():
-    local = LocalRestore(folder, host=host, hosts=len(folders))
-    state = job_state(job_log_dir, job, host)
-    has, buddy = local.offers(needs_input, state)
-    reports[host] = HostReport(needs[host], has, state.newest, buddy, tuple(sorted(local.refused)))
-    why = local.reasons if host == 0 else why
+    reports[host], reasons = host_report(job_log_dir, folder, host, len(folders), needs[host], job, needs_input)
+    why = reasons if host == 0 else why
   newest = reports[0].job_dir if 0 in reports else None
   return choose(reports, len(folders), newest), newest, why
+
+
+def host_report(job_log_dir: epath.PathLike, folder: epath.PathLike, host: int, hosts: int, needs: str, job: str,
+                needs_input: bool = False) -> tuple[HostReport, dict[int, str]]:
+  """What host `host` reports to a restart's plan from its local directory, and why each of its own steps is
+  not offered."""
+  local = LocalRestore(folder, host=host, hosts=hosts)
+  state = job_state(job_log_dir, job, host)
+  has, buddy = local.offers(needs_input, state)
+  return HostReport(needs, has, state.newest, buddy, tuple(sorted(local.refused))), local.reasons
+
+
+def verdict(job_log_dir: epath.PathLike, folders: dict[int, epath.PathLike], hosts: int, step: int) -> str | None:
+  """Why a restart would not restore host 0's local `step` (None: it would), decided as the restore decides
+  (`decide`) from the local directories in `folders`: all `hosts` of them, the whole plan; fewer (the others are
+  on other machines), host 0's own offer."""
+  path = layout.job_id_path(job_log_dir)
+  job = lineage_lib.job_identity(path.read_text().strip(), job_log_dir) if path.exists() else ''
+  needs = {h: _fingerprint_at(folders, h, step) for h in folders}
+  if len(folders) < hosts:
+    report, why = host_report(job_log_dir, folders[0], 0, hosts, needs[0], job)
+    return None if step in report.has else why.get(step, 'the job directory\'s newest checkpoint is newer')
+  plan, _, why = decide(job_log_dir, folders, needs, job=job)
+  if plan is not None and plan.step == step:
+    return None
+  return why.get(step) or 'not every host can restore it (a copy missing or damaged, or refused on another host)'
+
+
+def _fingerprint_at(folders: dict[int, epath.PathLike], host: int, step: int) -> str:
+  """The shards' fingerprint of host `host`'s copy of `step`: its own, else a buddy copy another host keeps of
+  its shards ('' where none reads)."""
+  kept = [layout.local_buddy_dir(f) for h, f in folders.items() if h != host]
+  for folder in (folders[host], *kept):
+    try:
+      found = local_format.read_index(layout.local_step_dir(folder, step))
+    except (local_format.LocalDamage, OSError):
+      continue
+    if found.get('host') == host:
+      return found.get('fingerprint', '')
+  return ''
 
 
 class LocalRestore:

@@ -128,24 +128,48 @@ def _ago(secs: float) -> str:
   return f'{secs / 60:.0f} min' if secs < 7200 else f'{secs / 3600:.1f} h'
 
 
-def local_line(evs: list[dict], newest: int | None, local_dir: str | None = None) -> str | None:
+def local_line(evs: list[dict], newest: int | None, local_dir: str | None = None,
+               job_log_dir: str | None = None) -> str | None:
   """Where the job uses a local tier: host 0's newest local commit, and whether a restart would take it over
   the job directory's `newest` committed step. Read from host 0's local directory where `local_dir` (the run's
-  --autockpt_local_dir) names one on this machine; else from the event log, which records a running job's
-  commits at most once a minute: then the line says how old its figure is."""
+  --autockpt_local_dir) names one on this machine, judged by the restore's own decision (`_restore_takes`);
+  else from the event log, which records a running job's commits at most once a minute (then the line says
+  how old its figure is) and nothing of a step's lineage: it promises no resume."""
   local = [e for e in evs if e['event'] == 'local_committed']
   held = layout.local_committed_steps(layout.local_dir(local_dir, 0)) if local_dir else []
   if not local and not held:
     return None
   step = held[-1] if held else local[-1]['step']
-  newer = (', newer: the same command resumes from it where every host still holds its copy, or a replica does'
-           if newest is None or step > newest else '')
   if held:
+    newer = _restore_takes(job_log_dir, local_dir, step) if newest is None or step > newest else ''
     return f'local tier: step {step} committed on host 0 (in {layout.local_dir(local_dir, 0)}){newer}'
+  newer = (', newer than the job directory\'s newest checkpoint (--local_dir=TEMPLATE says whether a restart '
+           'takes it)' if newest is None or step > newest else '')
   age = '' if finished(last_run(evs)) or _ended(evs) else (
       f' ({time.time() - local[-1]["t"]:.0f} s ago: the event log records at most one local commit a minute, a '
       'newer one may exist; --local_dir reads the directory)')
   return f'local tier: step {step} committed on host 0 at {_when(local[-1]["t"])}{age}{newer}'
+
+
+def _restore_takes(job_log_dir: str | None, local_dir: str, step: int) -> str:
+  """Whether a restart takes host 0's local `step`, asked of the restore's own decision
+  (pax_autockpt.local.restoring.verdict: lineage, identity, digests, every host's copy) over the hosts' local
+  directories on this machine (host 0's alone where the others are elsewhere)."""
+  from pax_autockpt.local import format as local_format  # pylint: disable=g-import-not-at-top  (jax: only here)
+  from pax_autockpt.local import restoring  # pylint: disable=g-import-not-at-top
+  try:
+    hosts = local_format.read_index(layout.local_step_dir(layout.local_dir(local_dir, 0), step)).get('hosts')
+  except (local_format.LocalDamage, OSError) as e:
+    return f', not offered to a restart: damaged ({e})'
+  hosts = hosts if isinstance(hosts, int) and hosts > 0 else 1
+  folders = {h: layout.local_dir(local_dir, h) for h in range(hosts)}
+  here = {h: f for h, f in folders.items() if h == 0 or ('{host}' in local_dir and f.exists())}
+  why = restoring.verdict(job_log_dir, here, hosts, step)
+  if why is not None:
+    return f', not offered to a restart: {why}'
+  if len(here) == hosts:
+    return ', newer: the same command resumes from it'
+  return ', newer: the same command resumes from it where every host still holds its copy, or a replica does'
 
 
 def _ended(evs: list[dict]) -> bool:
@@ -266,7 +290,7 @@ def run(job_log_dir: str, wait_for: int | None = None, timeout_secs: float = DEF
   # Host 0's events and the job directory's listing, each read once (on gs:// a week-long log is many objects).
   evs, steps = events_lib.read(job_log_dir, 0), layout.committed_steps(layout.checkpoint_dir(job_log_dir))
   print(checkpoint_line(steps, finished(last_run(evs))))
-  local = local_line(evs, steps[-1] if steps else None, local_dir)
+  local = local_line(evs, steps[-1] if steps else None, local_dir, job_log_dir)
   for line in (local, failing_line(evs)):
     if line:
       print(line)
