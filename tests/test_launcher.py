@@ -26,10 +26,20 @@ from pax_autockpt.tools import launcher
     ([130, 130], None, 'SIGINT', 0, None),
     ([0, 0], None, None, 0, None),  # finished
     ([2, 2], 1, None, 0, None),  # bad input: a rerun fails the same way
+    ([130, 130], None, None, 0, None),  # a Ctrl-C on a host (kill -INT): a person stopped it
+    ([130, 137], 1, None, 0, None),  # ... even where another host then failed
 ])
-def test_a_failed_job_restarts_until_the_budget_but_never_after_a_stop_success_or_bad_input(
+def test_a_failed_job_restarts_until_the_budget_but_never_after_a_stop_success_bad_input_or_ctrl_c(
     codes, first_failed, stopped_by, restarts, expected):
   assert launcher.restart_reason(codes, first_failed, stopped_by, restarts, max_restarts=1) == expected
+
+
+def test_restarts_back_off_from_2_s_doubling_to_60_s_and_start_over_after_a_long_run():
+  backoff = launcher.Backoff()
+  assert [backoff.next(run_secs=5.0) for _ in range(7)] == [2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
+  assert backoff.next(run_secs=600.0) == 2.0  # it trained 10 min: a new failure, not the crash loop
+  assert backoff.next(run_secs=1.0) == 4.0
+  assert [launcher.Backoff(quick_runs=10_000).next(run_secs=0.0)] == [60.0]  # no overflow however long the loop
 
 
 def test_max_restarts_below_zero_is_bad_input():

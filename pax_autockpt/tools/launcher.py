@@ -15,6 +15,7 @@ exit (2: a rerun fails the same way) or a signal the launcher itself received or
 
 import dataclasses
 import json
+import math
 import os
 import queue
 import re
@@ -31,12 +32,15 @@ from pax_autockpt import layout
 from pax_autockpt import settings as settings_lib
 from pax_autockpt import signals
 from pax_autockpt import standby as standby_lib
+from pax_autockpt.tools import launch_events
 from pax_autockpt.tools import status
 
 # Console tail: the plugin's own lines and failures; everything goes to the host's log file.
 _TAIL = re.compile(r'\[autockpt\]|Traceback|[A-Z][A-Za-z]*Error\b|^error:|Fatal|Aborted')
 _FAILED = 'failed'
 _BAD_INPUT = 2  # pax_autockpt.main's exit for bad input (CONTRACT): a rerun would fail the same way
+_DEFAULT_GRACE_SECS = next(f.default for f in dataclasses.fields(settings_lib.Settings) if f.name == 'grace_secs')
+_KILL_MARGIN_SECS = 10.0  # after the grace period: a host's own watchdog ends it 1 s before, this is the rest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +54,8 @@ class LaunchConfig:
   args: Sequence[str] = ()
   max_restarts: int = 0  # in-place restarts of the whole job after a failure
   standby: bool = True  # hosts forked from one process that imported paxml, not N fresh interpreters
+  restart_backoff_secs: float = 2.0  # the wait before a restart (Backoff): doubled after each quick failure
+  restart_backoff_max_secs: float = 60.0
 
 
 class LaunchError(ValueError):
@@ -127,14 +133,81 @@ def _sigterm_when_launcher_dies(launcher_pid: int):
   return lambda: standby_lib.sigterm_when_parent_dies(launcher_pid)
 
 
-_CONSOLE = threading.RLock()  # re-entrant: the signal forwarder, in the main thread, writes lines too
+class _Console:
+  """The launcher's lines on stdout and stderr, written by one thread, so that no signal handler and no host's
+  pump ever waits on the console: a `| tee` that died (EPIPE), a closed or full stream, a pager that stopped
+  reading. A stream whose write fails is said once on stderr (if that still works) and pointed at /dev/null: its
+  later lines are dropped, and Python's own flush at exit cannot fail (which would make the exit code 120)."""
+
+  _MAX_QUEUED = 10_000  # lines waiting for a console that blocks; beyond it they are dropped, not held
+
+  def __init__(self):
+    self._lines: queue.SimpleQueue = queue.SimpleQueue()  # put() is safe in a signal handler
+    self._failed: set[str] = set()
+    self._thread: threading.Thread | None = None
+    self._start_lock = threading.Lock()
+
+  def start(self) -> None:
+    """The writer thread; called where no signal handler runs (a handler must not start a thread)."""
+    with self._start_lock:
+      if self._thread is None or not self._thread.is_alive():
+        self._thread = threading.Thread(target=self._write_all, name='launch-console', daemon=True)
+        self._thread.start()
+
+  def say(self, line: str, stream: str = 'stdout') -> None:
+    """Queues one whole line; never blocks, never raises."""
+    if self._lines.qsize() < self._MAX_QUEUED:
+      self._lines.put((stream, line))
+
+  def drain(self, timeout: float) -> None:
+    """Waits until the lines said so far are written, at most `timeout` s (a blocked console is not waited on)."""
+    done = threading.Event()
+    self._lines.put((None, done))
+    done.wait(timeout)
+
+  def _write_all(self) -> None:
+    while True:
+      stream, line = self._lines.get()
+      if stream is None:
+        line.set()
+      elif stream not in self._failed:
+        self._write(stream, line)
+
+  def _write(self, stream: str, line: str) -> None:
+    out = getattr(sys, stream)
+    try:
+      out.write(line + '\n')
+      out.flush()
+    except (OSError, ValueError) as e:  # ValueError: a closed file
+      self._failed.add(stream)
+      _to_devnull(out)
+      if stream != 'stderr':
+        self._write('stderr', f'[launch] the console ({stream}) cannot be written ({type(e).__name__}: '
+                    f'{getattr(e, "strerror", None) or e}): its lines are dropped from now on; every host\'s '
+                    'output is still in its log')
+
+
+def _to_devnull(stream) -> None:
+  """Points `stream`'s file descriptor at /dev/null, and drops what its buffer held there."""
+  try:
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, stream.fileno())
+    os.close(null)
+    stream.flush()
+  except (OSError, ValueError, AttributeError):
+    pass
+
+
+_console = _Console()
 
 
 def _say(line: str) -> None:
-  """One whole line on the console (print() writes a line and its newline apart: two lines could merge)."""
-  with _CONSOLE:
-    sys.stdout.write(line + '\n')
-    sys.stdout.flush()
+  """One whole line on the console, from the console's thread (see _Console)."""
+  _console.say(line)
+
+
+def _warn(line: str) -> None:
+  _console.say(line, 'stderr')
 
 
 _STANDBY_READY_SECS = 120.0  # a standby still importing after this long is replaced by fresh interpreters
@@ -159,13 +232,15 @@ class _Host:
     self.pump.start()
 
   def _pump(self):
-    with open(self.log_path, 'ab') as log:
-      for raw in self.proc.stdout:
-        log.write(raw)
-        log.flush()
-        line = raw.decode(errors='replace').rstrip()
-        if _TAIL.search(line):
-          _say(f'[host {self.idx}] {line[-300:]}')
+    """Reads the host's output to its end whatever the log does: a host whose pipe is not drained blocks in its
+    next write once the pipe holds 64 KiB, and with it its exit."""
+    log = _LogFile(self.log_path, self.idx)
+    for raw in self.proc.stdout:
+      log.write(raw)
+      line = raw.decode(errors='replace').rstrip()
+      if _TAIL.search(line):
+        _say(f'[host {self.idx}] {line[-300:]}')
+    log.close()
 
   def signal(self, signum: int) -> None:
     if self.proc.poll() is None:
@@ -173,6 +248,45 @@ class _Host:
         self.proc.send_signal(signum)
       except ProcessLookupError:
         pass
+
+
+class _LogFile:
+  """A host's log file. A write that fails (a full disk: ENOSPC) is said once on stderr; the host's output is
+  then read and dropped (its plugin lines still reach the console), never left in its pipe."""
+
+  def __init__(self, path: str, host: int):
+    self._path, self._host = path, host
+    self._file = None
+    try:
+      self._file = open(path, 'ab')  # pylint: disable=consider-using-with  (closed by close())
+    except OSError as e:
+      self._fail(e)
+
+  def write(self, raw: bytes) -> None:
+    if self._file is not None:
+      try:
+        self._file.write(raw)
+        self._file.flush()
+      except OSError as e:
+        self._fail(e)
+
+  def close(self) -> None:
+    if self._file is not None:
+      try:
+        self._file.close()
+      except OSError as e:
+        self._fail(e)
+
+  def _fail(self, error: OSError) -> None:
+    if self._file is not None:
+      try:
+        self._file.close()
+      except OSError:
+        pass  # what it held is what failed
+      self._file = None
+    _warn(f"[launch] host {self._host}'s log {self._path} cannot be written ({type(error).__name__}: "
+          f"{error.strerror or error}): the rest of its output is read and dropped (its [autockpt] lines still "
+          'appear here); free the space and the next launch writes it again')
 
 
 class _Forked:
@@ -277,40 +391,124 @@ class _Standby:
 
 class _Signalled:
   """Whether the launcher received (or, with --preempt_after, sent) a stop: then no restart. `reached`: how
-  many hosts had started when it came (one started later gets it at its start)."""
+  many hosts had started when it came (one started later gets it at its start); `at`: when the first came (the
+  hosts' grace period runs from then)."""
 
   def __init__(self):
     self.name: str | None = None
     self.signum: int | None = None
     self.reached = 0
+    self.at: float | None = None
+
+
+@dataclasses.dataclass
+class Backoff:
+  """The wait before each restart: `first_secs`, doubled after each run shorter than `reset_after_secs`, at most
+  `max_secs`; `first_secs` again after a run that lasted that long (it trained: a new failure, not the same crash
+  loop). A job that fails at start is restarted at a scheduler's pace, not as fast as it can crash."""
+  first_secs: float = 2.0
+  max_secs: float = 60.0
+  reset_after_secs: float = 600.0
+  quick_runs: int = 0  # runs in a row that ended before reset_after_secs
+
+  def next(self, run_secs: float) -> float:
+    """The wait before the restart that follows a run of `run_secs` seconds."""
+    if run_secs >= self.reset_after_secs:
+      self.quick_runs = 0
+    delay = min(self.max_secs, self.first_secs * 2.0 ** min(self.quick_runs, 32))
+    self.quick_runs += 1
+    return delay
+
+
+@dataclasses.dataclass
+class Ended:
+  """How one start of every host ended."""
+  codes: list[int]  # each host's exit code, 128 + S for a signal S
+  first_failed: int | None = None  # the host that failed first on its own (not a clean exit, not our SIGKILL)
+  killed: set[int] = dataclasses.field(default_factory=set)  # hosts the launcher SIGKILLed
+
+
+def job_code(ended: Ended) -> int:
+  """The job's exit code: the first failing host's own code (never the launcher's SIGKILL of the others, nor a
+  later host's abort); else 137 when the launcher SIGKILLed a host that outlived a stop's grace period; else the
+  first non-zero code in host order (0 when every host finished)."""
+  if ended.first_failed is not None:
+    return ended.codes[ended.first_failed]
+  if ended.killed:
+    return 128 + signal.SIGKILL
+  return next((c for c in ended.codes if c), 0)
 
 
 def launch(cfg: LaunchConfig) -> int:
-  """Starts the hosts, forwards SIGTERM/SIGINT, waits; the first non-zero code in host order wins. With
-  --max_restarts, a failed job starts again (`restart_reason`)."""
+  """Starts the hosts, forwards SIGTERM/SIGINT, waits; exits with `job_code`. With --max_restarts, a failed job
+  starts again (`restart_reason`) after a `Backoff`, each restart recorded in launch.jsonl."""
   validate(cfg)
+  _console.start()
   job_log_dir = _job_log_dir(cfg.args)
   layout.host_log_path(job_log_dir, 0).parent.mkdir(parents=True, exist_ok=True)
-  stopped, children, restarts = _Signalled(), [], 0
+  stopped, children = _Signalled(), []
   previous = {s: signal.signal(s, _forwarder(children, stopped)) for s in (signal.SIGTERM, signal.SIGINT)}
   standby = _Standby(host_env(), os.fspath(layout.standby_log_path(job_log_dir))) if cfg.standby else None
   try:
-    while True:
-      codes, first_failed = _run_once(cfg, job_log_dir, restarts, standby, stopped, children)
-      if not codes:
-        _say(f'[launch] {stopped.name} before any host started: nothing to save; exit {128 + stopped.signum}')
-        return 128 + stopped.signum
-      reason = restart_reason(codes, first_failed, stopped.name, restarts, cfg.max_restarts)
-      if reason is None:
-        return next((c for c in codes if c != 0), 0)
-      restarts += 1
-      took = 'forked from the standby process' if standby and standby.usable() else 'fresh processes'
-      _say(f'[launch] {reason}: restart {restarts} of {cfg.max_restarts}, every host ({took})')
+    return _run_until_done(cfg, job_log_dir, standby, stopped, children)
   finally:
     for s, handler in previous.items():
       signal.signal(s, handler)
     if standby:
       standby.stop()
+    _console.drain(timeout=5.0)
+
+
+def _run_until_done(cfg: LaunchConfig, job_log_dir: str, standby: _Standby | None, stopped: _Signalled,
+                    children: list[_Host]) -> int:
+  """Every start of the hosts, restarts included; the job's exit code."""
+  restarts, backoff = 0, Backoff(cfg.restart_backoff_secs, cfg.restart_backoff_max_secs)
+  while True:
+    began = time.time()
+    ended = _run_once(cfg, job_log_dir, restarts, standby, stopped, children)
+    if ended is None:
+      _say(f'[launch] {stopped.name} before any host started: nothing to save; exit {128 + stopped.signum}')
+      return 128 + stopped.signum
+    reason = restart_reason(ended.codes, ended.first_failed, stopped.name, restarts, cfg.max_restarts)
+    if reason is None:
+      return _said_code(ended)
+    restarts += 1
+    took = 'forked from the standby process' if standby and standby.usable() else 'fresh processes'
+    _say(f'[launch] {reason}: restart {restarts} of {cfg.max_restarts}, every host ({took})')
+    delay = backoff.next(time.time() - began)
+    _record_restart(job_log_dir, restarts, cfg.max_restarts, reason, ended, delay, time.time() - began)
+    _say(f'[launch] restart {restarts} in {delay:.0f} s (backoff: {backoff.first_secs:.0f} s, doubled after each '
+         f'run shorter than {backoff.reset_after_secs / 60:.0f} min, at most {backoff.max_secs:.0f} s)')
+    _sleep_unless_stopped(delay, stopped)
+
+
+def _said_code(ended: Ended) -> int:
+  """`job_code`, with one line naming whose code it is when a host failed or was killed."""
+  code = job_code(ended)
+  if ended.first_failed is not None:
+    _say(f'[launch] exit {code}: host {ended.first_failed} failed first')
+  elif ended.killed:
+    _say(f'[launch] exit {code}: host(s) {", ".join(map(str, sorted(ended.killed)))} SIGKILLed after the grace '
+         'period')
+  return code
+
+
+def _record_restart(job_log_dir: str, restart: int, max_restarts: int, reason: str, ended: Ended, delay: float,
+                    run_secs: float) -> None:
+  """A `restart` record in launch.jsonl for `report`; a write that fails is one line, and the restart goes on."""
+  try:
+    launch_events.write(job_log_dir, 'restart', restart=restart, max_restarts=max_restarts, reason=reason,
+                        codes=ended.codes, backoff_s=delay, run_s=round(run_secs, 3))
+  except OSError as e:
+    _warn(f'[launch] could not record restart {restart} in {launch_events.path(job_log_dir)} '
+          f'({type(e).__name__}: {e}); restarting all the same')
+
+
+def _sleep_unless_stopped(secs: float, stopped: _Signalled) -> None:
+  """The backoff: a stop during it ends the wait (and then the job, with no host started)."""
+  deadline = time.time() + secs
+  while not stopped.name and time.time() < deadline:
+    time.sleep(0.05)
 
 
 def _clean(cfg: LaunchConfig) -> tuple[int, ...]:
@@ -322,33 +520,34 @@ def restart_reason(codes: Sequence[int], first_failed: int | None, stopped_by: s
                    max_restarts: int) -> str | None:
   """Why the job starts again after its hosts ended with `codes` (`first_failed`: the host whose failure ended
   the others, if one did), or None. Not after a stop the launcher received or sent (`stopped_by`), nor when
-  every host ended 0, nor after bad input (2: a rerun fails the same way); a SIGTERM a host got from elsewhere
-  (a preempted VM) is a restart, as a scheduler's."""
-  if stopped_by is not None or restarts >= max_restarts or all(c == 0 for c in codes) or _BAD_INPUT in codes:
+  every host ended 0, nor after bad input (2: a rerun fails the same way), nor after a Ctrl-C on a host (130: a
+  person stopped it); a SIGTERM a host got from elsewhere (a preempted VM) is a restart, as a scheduler's."""
+  if stopped_by is not None or restarts >= max_restarts or all(c == 0 for c in codes):
+    return None
+  if _BAD_INPUT in codes or signals.INTERRUPT_EXIT_CODE in codes:
     return None
   host = first_failed if first_failed is not None else next(i for i, c in enumerate(codes) if c)
   return f'host {host} ended with exit {codes[host]}'
 
 
 def _run_once(cfg: LaunchConfig, job_log_dir: str, restarts: int, standby: _Standby | None, stopped: _Signalled,
-              children: list[_Host]) -> tuple[list[int], int | None]:
-  """One start of every host, to the end of all: their exit codes ([] when a stop came before any host
-  started) and the host that failed first (None: none did). `children` is the list the signal forwarder
-  reads: this start's hosts, as each starts."""
+              children: list[_Host]) -> Ended | None:
+  """One start of every host, to the end of all (None when a stop came before any host started). `children` is
+  the list the signal forwarder reads: this start's hosts, as each starts."""
   port = cfg.port or hosts.free_loopback_port()
   _say(f'[launch] {cfg.num_hosts} hosts in {cfg.num_slices} slice(s), coordinator 127.0.0.1:{port}, '
        f'logs {layout.host_log_path(job_log_dir, 0).parent}/host<i>.log')
   children.clear()
   stopped.reached = 0
   if not _start_hosts(cfg, port, job_log_dir, standby, stopped, children):
-    return [], None
+    return None
   if cfg.preempt_after is not None and restarts == 0:
     _preempt_later(cfg, children, stopped)
-  codes, first_failed = _wait(children, cfg.peer_exit_secs, clean=_clean(cfg))
+  ended = _watch(children, cfg.peer_exit_secs, _clean(cfg), stopped, grace_secs(cfg.args))
   for child in children:
     child.pump.join(timeout=5)
-    _say(f'[launch] host {child.idx} exit code {codes[child.idx]}')
-  return codes, first_failed
+    _say(f'[launch] host {child.idx} exit code {ended.codes[child.idx]}')
+  return ended
 
 
 def _start_hosts(cfg: LaunchConfig, port: int, job_log_dir: str, standby: _Standby | None, stopped: _Signalled,
@@ -372,12 +571,14 @@ def _start_hosts(cfg: LaunchConfig, port: int, job_log_dir: str, standby: _Stand
 def _forwarder(children: list[_Host], stopped: _Signalled):
   def forward(signum, frame):
     """Once per signal received: the hosts run in their own sessions, so a terminal's Ctrl-C reaches
-    them only through here (a second Ctrl-C, forwarded again, makes them abort)."""
+    them only through here (a second Ctrl-C, forwarded again, makes them abort). Every host first, the line
+    after: nothing the console does can keep a host from its signal."""
     del frame
     stopped.name, stopped.signum, stopped.reached = signal.Signals(signum).name, signum, len(children)
-    _say(f'[launch] forwarding {stopped.name} to every host')
+    stopped.at = stopped.at or time.time()
     for child in list(children):
       child.signal(signum)
+    _say(f'[launch] forwarding {stopped.name} to every host')
   return forward
 
 
@@ -386,32 +587,78 @@ def _preempt_later(cfg: LaunchConfig, children: list[_Host], stopped: _Signalled
 
   def preempt():
     stopped.name = 'SIGTERM (--preempt_after)'
+    stopped.at = stopped.at or time.time()
     for c in targets:
-      _say(f'[launch] SIGTERM to host {c.idx} (--preempt_after)')
       c.signal(signal.SIGTERM)
+      _say(f'[launch] SIGTERM to host {c.idx} (--preempt_after)')
   timer = threading.Timer(cfg.preempt_after, preempt)
   timer.daemon = True
   timer.start()
 
 
-def _wait(children: list[_Host], peer_exit_secs: float, clean: tuple[int, ...]) -> tuple[list[int], int | None]:
-  """Waits for all; once a host failed (not a `clean` exit), SIGKILLs the others after a while."""
-  deadline, first_failed = None, None
-  while True:
-    codes = [c.proc.poll() for c in children]
-    if all(code is not None for code in codes):
-      return [_exit_code(code) for code in codes], first_failed
-    failed = [c for c, code in zip(children, codes) if code is not None and code not in clean]
-    if failed and deadline is None:
-      deadline, first_failed = time.time() + peer_exit_secs, failed[0].idx
-      _say(f'[launch] host {failed[0].idx} failed ({_exit_code(failed[0].proc.returncode)}); '
-             f'others get {peer_exit_secs:.0f} s to exit')
-    if deadline is not None and time.time() > deadline:
-      for child in children:
-        if child.proc.poll() is None:
-          _say(f'[launch] host {child.idx} still running; SIGKILL')
-          child.signal(signal.SIGKILL)
-    time.sleep(0.05)
+def grace_secs(args: Sequence[str]) -> float:
+  """The hosts' --autockpt_grace_secs, else the product's default: how long a stop may take on a host."""
+  try:
+    value = float(_flag(args, 'autockpt_grace_secs') or 'nan')
+  except ValueError:
+    value = math.nan
+  return value if math.isfinite(value) and value > 0 else _DEFAULT_GRACE_SECS
+
+
+class _Watch:
+  """One start's hosts until every one has ended (see `_watch`)."""
+
+  def __init__(self, children: list[_Host], peer_exit_secs: float, clean: tuple[int, ...], stopped: _Signalled,
+               grace: float):
+    self.children, self.peer_exit_secs, self.clean = children, peer_exit_secs, clean
+    self.stopped, self.grace = stopped, grace
+    self.ended = Ended(codes=[])
+    self.peer_deadline: float | None = None
+
+  def run(self) -> Ended:
+    while True:
+      codes = [c.proc.poll() for c in self.children]
+      self._note_failure(codes)  # also when the last hosts ended together: whose failure came first
+      if all(code is not None for code in codes):
+        self.ended.codes = [_exit_code(code) for code in codes]
+        return self.ended
+      self._kill_overdue()
+      time.sleep(0.05)
+
+  def _note_failure(self, codes: list[int | None]) -> None:
+    """The first host to fail on its own (host order within one poll); the others get peer_exit_secs."""
+    if self.ended.first_failed is not None:
+      return
+    failed = [c for c, code in zip(self.children, codes)
+              if code is not None and code not in self.clean and c.idx not in self.ended.killed]
+    if failed:
+      self.ended.first_failed, self.peer_deadline = failed[0].idx, time.time() + self.peer_exit_secs
+      others = f'; others get {self.peer_exit_secs:.0f} s to exit' if None in codes else ''
+      _say(f'[launch] host {failed[0].idx} failed ({_exit_code(failed[0].proc.returncode)}){others}')
+
+  def _kill_overdue(self) -> None:
+    """SIGKILL to the hosts still running `peer_exit_secs` after a failure, or the grace period and a margin
+    after a stop the launcher forwarded or sent (a host's exit path hung: `launch` still returns)."""
+    now, limit = time.time(), self.grace + _KILL_MARGIN_SECS
+    if self.peer_deadline is not None and now > self.peer_deadline:
+      self._kill('still running; SIGKILL')
+    elif self.stopped.at is not None and now > self.stopped.at + limit:
+      self._kill(f'still running {limit:.0f} s after the {self.stopped.name} it was forwarded '
+                 f'(--autockpt_grace_secs={self.grace:g} + {_KILL_MARGIN_SECS:.0f} s): SIGKILL')
+
+  def _kill(self, why: str) -> None:
+    for child in self.children:
+      if child.idx not in self.ended.killed and child.proc.poll() is None:
+        self.ended.killed.add(child.idx)
+        child.signal(signal.SIGKILL)
+        _say(f'[launch] host {child.idx} {why}')
+
+
+def _watch(children: list[_Host], peer_exit_secs: float, clean: tuple[int, ...], stopped: _Signalled,
+           grace: float) -> Ended:
+  """Waits for every host. Once one failed (not a `clean` exit), SIGKILLs the others after `peer_exit_secs`;
+  after a stop the launcher forwarded or sent, SIGKILLs any host alive `grace` s + a margin later."""
+  return _Watch(children, peer_exit_secs, clean, stopped, grace).run()
 
 
 def _exit_code(returncode: int) -> int:

@@ -6,8 +6,10 @@ only: the command's help must not import matplotlib.
 import textwrap
 
 LEGEND = (
-    ('job, hosts, restarts', 'the job directory; how many hosts logged and how often each started; what each '
-     'restart restored: a step from the job directory, a local step (the local tier), or no checkpoint'),
+    ('job, hosts, restarts, launch restarts', 'the job directory; how many hosts logged and how often each '
+     'started; what each restart restored: a step from the job directory, a local step (the local tier), or no '
+     'checkpoint; under `pax-autockpt launch --max_restarts`, the restarts it made, the backoff it waited before '
+     'each and why the last one came'),
     ('saves, steps saved', 'checkpoint saves started, by reason (interval, continuous, preemption: on SIGTERM, '
      'notice, final), and how many committed; the steps of the committed ones'),
     ('save blocking', 'how long each save paused training (copying the state off the device), mean/p50/p90/max '

@@ -1,7 +1,8 @@
 """`pax-autockpt report JOB_LOG_DIR`: checkpoint timeline and figures from the event log (CONTRACT §6).
 
 Reads only the event logs `JOB_LOG_DIR/autockpt/events.host<IDX>.jsonl` (through
-`pax_autockpt.events`, the one reader) and the listing of `JOB_LOG_DIR/checkpoints`. Each line is
+`pax_autockpt.events`, the one reader), the launcher's record `JOB_LOG_DIR/autockpt/launch.jsonl` (its restarts
+and their backoff, `launches`) and the listing of `JOB_LOG_DIR/checkpoints`. Each line is
 parsed with `json.loads` and nothing else: no pickle, no eval, nothing from the job directory is
 ever executed or imported.
 
@@ -55,6 +56,7 @@ from typing import TextIO
 
 from pax_autockpt.tools import report_legend
 from pax_autockpt.tools.report import json_report
+from pax_autockpt.tools.report import launches
 from pax_autockpt.tools.report import loader
 from pax_autockpt.tools.report import model
 from pax_autockpt.tools.report import text
@@ -99,7 +101,7 @@ def run(job_log_dir: str, *, mtbf_hours: float | None = None, plot_path: str | N
     out.write(json.dumps(json_report.as_dict(report, mtbf_hours), indent=2, sort_keys=True, allow_nan=False)
               + '\n')
   else:
-    out.write(text.format_text(report, mtbf_hours) + '\n')
+    out.write(launches.with_line(text.format_text(report, mtbf_hours), job_log_dir) + '\n')
     if plot_path:
       out.write(f'plot: {plot_path}\n')
   return 0

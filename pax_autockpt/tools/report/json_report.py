@@ -8,6 +8,7 @@ import dataclasses
 import math
 from typing import Any
 
+from pax_autockpt.tools.report import launches
 from pax_autockpt.tools.report import measured
 from pax_autockpt.tools.report import model
 from pax_autockpt.tools.report import young_daly
@@ -24,6 +25,7 @@ def as_dict(report: model.Report, mtbf_hours: float | None = None) -> dict[str, 
     d['goodput'] = young_daly.goodput(report, mtbf_hours)
   d['adaptive'] = young_daly.adaptive(report)
   d['goodput_measured'] = measured.measure(report).to_dict()
+  d['launch_restarts'] = launches.restarts(report.job_log_dir)
   return _jsonable(d)
 
 
