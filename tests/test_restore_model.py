@@ -336,6 +336,16 @@ History.TestCase.settings = hypothesis.settings(max_examples=HISTORIES, stateful
 test_the_restore_choice_is_the_models = History.TestCase
 
 
+class SoakHistory(History):
+  """The same, many more and longer histories (`make soak`, or `pytest -m soak`)."""
+
+
+SoakHistory.TestCase.settings = hypothesis.settings(max_examples=int(os.environ.get('AUTOCKPT_SOAK_HISTORIES', '3000')),
+                                                    stateful_step_count=40, deadline=None,
+                                                    suppress_health_check=list(hypothesis.HealthCheck))
+test_soak_the_restore_choice_is_the_models = pytest.mark.soak(SoakHistory.TestCase)
+
+
 def _replay(hosts: int, *steps: tuple[str, dict]) -> History:
   """A recorded history (a failure Hypothesis found, or a case the review named), replayed step by step."""
   history = History()
