@@ -14,6 +14,7 @@ import os
 import threading
 from typing import Any, Callable
 
+from absl import logging
 from etils import epath
 import jax
 import numpy as np
@@ -78,6 +79,42 @@ def route_reached_preemption(manager: Any, is_agreed: Callable[[int], bool]) -> 
 def turn_off_max_to_keep(manager: Any) -> None:
   """Pax's max_to_keep would delete behind a preservation policy's back (and without events)."""
   manager._options = dataclasses.replace(manager._options, max_to_keep=None)  # pylint: disable=protected-access
+
+
+class _CommitFirstDeleter:
+  """orbax 0.5.9's checkpoint deleter (`delete`, `delete_steps`, `close`) for Pax's `max_to_keep`, deleting as
+  our preservation does (`layout.uncommit_and_delete`): orbax's own `rmtree`s the final name in place, so a
+  kill mid-delete leaves a half-deleted checkpoint that still counts as committed. A failure costs one line:
+  raised in orbax's commit thread, it would make the save that triggered it look failed."""
+
+  def __init__(self, directory: epath.Path, primary: bool, deleted: Callable[[int], None]):
+    self._directory, self._primary, self._deleted = directory, primary, deleted
+
+  def delete(self, step: int) -> None:
+    if not self._primary:
+      return
+    path = layout.step_dir(self._directory, step)
+    try:
+      if path.exists():
+        layout.uncommit_and_delete(path)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning('[autockpt] could not delete step %d (max_to_keep): %s', step, failures.one_line(e))
+      return
+    self._deleted(step)
+
+  def delete_steps(self, steps: Any) -> None:
+    for step in steps:
+      self.delete(step)
+
+  def close(self) -> None:
+    pass
+
+
+def delete_commit_first(manager: Any, *, primary: bool, deleted: Callable[[int], None]) -> None:
+  """orbax's `_checkpoint_deleter` (what `max_to_keep` deletes through) replaced by `_CommitFirstDeleter`;
+  `deleted(step)` after each delete. A manager without one (a test's fake) is left as it is."""
+  if hasattr(manager, '_checkpoint_deleter'):
+    manager._checkpoint_deleter = _CommitFirstDeleter(epath.Path(manager.directory), primary, deleted)  # pylint: disable=protected-access
 
 
 def orbax_manager(pax_checkpointer: Any) -> Any:

@@ -83,10 +83,11 @@ class StepMetrics:
 
 
 def floats(values: Mapping[str, Any] | None) -> dict[str, float] | None:
-  """Captured metrics as finite floats (a device->host copy of a few scalars); None when none are.
+  """Captured metrics as floats (a device->host copy of a few scalars); None when none are.
 
   Pax's own conversion: the first replica of replicated values, weighted scalars averaged by weight.
-  A value that cannot be read as one finite number is left out.
+  A value that cannot be read as one number is left out; NaN and inf stay (a diverged loss, which BestN
+  ranks worst: left out, the checkpoint would count as one without metrics and be kept).
   """
   out = {}
   for name, value in (values or {}).items():
@@ -96,9 +97,22 @@ def floats(values: Mapping[str, Any] | None) -> dict[str, float] | None:
                 else float(np.mean(np.asarray(value))))
     except (TypeError, ValueError):
       continue
-    if math.isfinite(number):
-      out[name] = float(number)
+    out[name] = float(number)
   return out or None
+
+
+_NON_FINITE = {'nan': math.nan, 'inf': math.inf, '-inf': -math.inf}
+
+
+def for_event(values: Mapping[str, float]) -> dict[str, float | str]:
+  """Metrics for a `save_committed` event, strict JSON: a NaN or infinite value as 'nan', 'inf', '-inf'."""
+  return {k: v if math.isfinite(v) else repr(float(v)) for k, v in values.items()}
+
+
+def _from_event(v: Any) -> float | None:
+  if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+    return float(v)
+  return _NON_FINITE.get(v) if isinstance(v, str) else None
 
 
 def of_committed(records: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
@@ -108,6 +122,6 @@ def of_committed(records: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
   for e in records:
     metrics = e.get('metrics')
     if e['event'] == 'save_committed' and isinstance(e.get('step'), int) and isinstance(metrics, dict):
-      out[e['step']] = {k: float(v) for k, v in metrics.items()
-                        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+      read = {k: _from_event(v) for k, v in metrics.items()}
+      out[e['step']] = {k: v for k, v in read.items() if v is not None}
   return out

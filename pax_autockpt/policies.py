@@ -9,10 +9,15 @@ as a `CheckpointInfo` whose `time` is now; `time` is a timezone-aware datetime, 
 Pure decisions fed a context object. The checkpointer asks them on the primary host and publishes the
 answer to every host (pax_autockpt.agreement), so all hosts start the same saves. `ask_save` and
 `to_delete` are the boundary where the checkpointer's facts (int steps, unix times, the metrics Pax
-logged) become orbax-shaped objects, and where a policy's answer becomes plain bools again.
+logged) become orbax-shaped objects, and where a policy's answer becomes plain bools again. Inside, every
+time is a timezone-aware datetime (`utc`): `CheckpointInfo.time` and `PreservationContext.now`, which
+refuses anything else, so that a unix float can never reach a policy's datetime arithmetic.
 
 Deliberate differences from orbax-latest (docs/continuous.md): a clock that jumped backwards (negative elapsed
-time) does not stall continuous checkpointing; the newest checkpoint is never deleted (`to_delete`);
+time) does not stall continuous checkpointing; the newest checkpoint is never deleted (`to_delete`); a
+checkpoint whose time is unknown (`time=None`) is kept by the time-based policies (orbax dates it at its
+directory's mtime, 1970 on gs://); NaN and infinite metrics rank worst in BestN (orbax sorts them as they
+come, which ranks NaN by its position and +inf best for an ascending metric);
 parameters are checked before training (`problem_with`) instead of failing, or silently keeping
 everything, at the first decision. Additions: `BestN(metric=...)` for Pax's metric names,
 `YoungDalyPolicy`, and the measured save cost in `DecisionContext`.
@@ -35,18 +40,20 @@ def utc(unix_seconds: float) -> datetime.datetime:
 class CheckpointInfo:
   """A checkpoint (or the current step) as the policies see it, as orbax's CheckpointInfo.
 
-  `time` is when its save started; `metrics` are the values Pax logged for its step
-  (docs/continuous.md, "Metrics for BestN"), None when unknown. Equal and hashed by step and time only,
-  as in orbax.
+  `time` is when its save started, None when neither the event log nor storage can tell (a checkpoint
+  of stock paxml on gs://): no time-based policy deletes it without evidence. `metrics` are the values
+  Pax logged for its step (docs/continuous.md, "Metrics for BestN"), None when unknown. Equal and hashed
+  by step and time only, as in orbax.
   """
 
   step: int
-  time: datetime.datetime
+  time: datetime.datetime | None
   metrics: Mapping[str, float] | None = dataclasses.field(default=None, compare=False)
 
   @classmethod
-  def at(cls, step: int, unix_seconds: float, metrics: Mapping[str, float] | None = None) -> 'CheckpointInfo':
-    return cls(step, utc(unix_seconds), metrics)
+  def at(cls, step: int, unix_seconds: float | None,
+         metrics: Mapping[str, float] | None = None) -> 'CheckpointInfo':
+    return cls(step, None if unix_seconds is None else utc(unix_seconds), metrics)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +149,10 @@ def problem_with(policy: Any, kind: type) -> str | None:
 
 def _elapsed_at_least(step: CheckpointInfo, previous: CheckpointInfo, seconds: float) -> bool:
   """A negative elapsed time is a clock that jumped backwards: it must not stall saving (docs/continuous.md).
-  Compared as timedeltas (exact microseconds), as orbax does, not as float seconds."""
+  A previous checkpoint of unknown time counts as long ago (orbax dates it at its mtime, 1970 on gs://: the
+  same answer). Compared as timedeltas (exact microseconds), as orbax does, not as float seconds."""
+  if previous.time is None:
+    return True
   elapsed = step.time - previous.time
   return elapsed < datetime.timedelta(0) or elapsed >= datetime.timedelta(seconds=seconds)
 
@@ -295,9 +305,18 @@ def ask_save(policy: SaveDecisionPolicy, step: int, *, now: float, previous: Seq
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PreservationContext:
-  """orbax's (empty) PreservationContext, plus `now` for LatestDuration (None: the clock's now)."""
+  """orbax's (empty) PreservationContext, plus `now` for LatestDuration (None: the clock's now).
+
+  `now` is a timezone-aware datetime or None, nothing else: a unix float here once made LatestDuration
+  raise on every commit, so that nothing was ever deleted.
+  """
 
   now: datetime.datetime | None = None
+
+  def __post_init__(self):
+    if self.now is not None and not (isinstance(self.now, datetime.datetime) and self.now.tzinfo is not None):
+      raise TypeError(f'PreservationContext.now={self.now!r}: use a timezone-aware datetime '
+                      '(pax_autockpt.policies.utc(unix_seconds)), or None for the clock\'s now')
 
 
 @runtime_checkable
@@ -316,6 +335,17 @@ def _newest_kept(keep: list[bool], max_to_keep: int | None) -> list[bool]:
   kept = [i for i, k in enumerate(keep) if k]
   for i in kept[:max(0, len(kept) - max_to_keep)]:
     keep[i] = False
+  return keep
+
+
+def _known_times(checkpoints: Sequence[CheckpointInfo], decide: Callable[[list[datetime.datetime]], list[bool]]
+                 ) -> list[bool]:
+  """`decide` over the checkpoints whose time is known; those of unknown time are kept (no evidence that
+  they are old), and take no part in the others' decision."""
+  known = [i for i, c in enumerate(checkpoints) if c.time is not None]
+  keep = [True] * len(checkpoints)
+  for i, k in zip(known, decide([checkpoints[i].time for i in known])):
+    keep[i] = k
   return keep
 
 
@@ -355,7 +385,8 @@ class LatestN:
 
 @dataclasses.dataclass(frozen=True)
 class EveryNSeconds:
-  """Keep the oldest, then each one at least `interval_secs` after the last one kept."""
+  """Keep the oldest, then each one at least `interval_secs` after the last one kept; one of unknown
+  time is kept and spaces nothing."""
 
   interval_secs: float
 
@@ -364,7 +395,8 @@ class EveryNSeconds:
 
   def should_preserve(self, checkpoints, *, context):
     del context
-    return _spaced([c.time for c in checkpoints], datetime.timedelta(seconds=self.interval_secs))
+    gap = datetime.timedelta(seconds=self.interval_secs)
+    return _known_times(checkpoints, lambda times: _spaced(times, gap))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -431,7 +463,7 @@ class CustomSteps:
 
 @dataclasses.dataclass(frozen=True)
 class LatestDuration:
-  """Keep the checkpoints saved within `duration` of now (and every newer one)."""
+  """Keep the checkpoints saved within `duration` of now (and every newer one), and those of unknown time."""
 
   duration: datetime.timedelta
 
@@ -442,8 +474,20 @@ class LatestDuration:
 
   def should_preserve(self, checkpoints, *, context):
     now = context.now or datetime.datetime.now(tz=UTC)
-    first = next((i for i, c in enumerate(checkpoints) if now - c.time <= self.duration), len(checkpoints))
-    return [i >= first for i in range(len(checkpoints))]
+
+    def recent(times):
+      first = next((i for i, t in enumerate(times) if now - t <= self.duration), len(times))
+      return [i >= first for i in range(len(times))]
+
+    return _known_times(checkpoints, recent)
+
+
+def _finite(value: Any) -> bool:
+  """False for NaN and +-inf, which BestN ranks worst; a value that is no number ranks by its own order."""
+  try:
+    return math.isfinite(value)
+  except TypeError:
+    return True
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -453,7 +497,8 @@ class BestN:
   The metric is `get_metric_fn(metrics)` (orbax's way), or the value of the Pax metric named `metric`
   (e.g. 'train/loss'; a checkpoint without that metric counts as one without metrics). Ranked
   ascending, or descending with `reverse=True`, and the last n of that order kept: `reverse=True`
-  keeps the lowest values (a loss). Checkpoints without metrics are kept unless
+  keeps the lowest values (a loss). A NaN or infinite value ranks worst either way (a diverged loss,
+  oldest first among them); orbax-latest sorts it as it comes. Checkpoints without metrics are kept unless
   `keep_checkpoints_without_metrics=False`; n=None keeps everything, n=0 nothing.
   """
 
@@ -487,8 +532,10 @@ class BestN:
       return [False] * len(checkpoints)
     measured = [i for i, c in enumerate(checkpoints) if self._has_metrics(c)]
     unmeasured = set(range(len(checkpoints))) - set(measured)
+    values = {i: self._value(checkpoints[i]) for i in measured}
+    worst = [i for i in measured if not _finite(values[i])]
     # A stable sort: among equal values the newer checkpoint ranks later, so it is the one kept.
-    ranked = sorted(measured, key=lambda i: self._value(checkpoints[i]), reverse=self.reverse)
+    ranked = worst + sorted((i for i in measured if _finite(values[i])), key=values.get, reverse=self.reverse)
     chosen = set(ranked[len(ranked) - min(self.n, len(ranked)):])
     return [i in chosen or (self.keep_checkpoints_without_metrics and i in unmeasured)
             for i in range(len(checkpoints))]

@@ -8,6 +8,7 @@ preservation policy's deletes) or its failure (one line, the leftovers removed),
 preservation policies see, the steps committed this run, and the step directories.
 """
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -65,6 +66,10 @@ class JobDirectorySaves:
     self._preservation = settings_lib.preservation_policy(settings)
     if self._preservation is not None:
       internals.turn_off_max_to_keep(orbax)
+    else:  # Pax's max_to_keep deletes: the commit first, as ours (a kill mid-delete leaves nothing committed)
+      internals.delete_commit_first(orbax, primary=events.host == 0, deleted=self.forget)
+    # "now" for the policies (unix seconds), looked up at each call: tests set it, or patch time.time.
+    self.clock: Callable[[], float] = lambda: time.time()
     self._agree = agreement.PrimaryDecides(events.host)
     self._checksums, self._compression, self._nice = settings.checksums, settings.compression, settings.background_nice
     self._use_ocdbt = internals.uses_ocdbt(inner)
@@ -79,7 +84,6 @@ class JobDirectorySaves:
     known = metrics_lib.of_committed(past)
     self._history = [policies.CheckpointInfo.at(s, self._time_of(s), known.get(s))
                      for s in layout.committed_steps(self.checkpoint_dir)]
-    self._metrics = {c.step: c.metrics for c in self._history if c.metrics}  # only what preservation may see
     # Object storage: steps whose name a damaged checkpoint still holds (marked in place).
     self._unrestorable = set(layout.marked_unrestorable_steps(self.checkpoint_dir))
     self._free_tries = itertools.count()  # a fresh agreement key for each try at freeing a name
@@ -107,22 +111,17 @@ class JobDirectorySaves:
 
   # --- the history the policies see -----------------------------------------------------------
 
-  def _time_of(self, step: int) -> float:
-    """A checkpoint's save time from the event log, else its directory's modification time. Object stores
-    may give no time (0 for a prefix): such a checkpoint counts as saved now, so that no time-based policy
-    deletes it as old without evidence."""
+  def _time_of(self, step: int) -> float | None:
+    """A checkpoint's save start from the event log, else its commit's time on storage, else None
+    (unknown): a time-based policy then keeps it, never dates it "now" or 1970 without evidence."""
     when = self._times.get(step)
-    if when is None:
-      try:
-        when = self.step_dir(step).stat().mtime
-      except OSError:
-        when = 0.0
-      when = when if when and when > 0 else time.time()
-    return when
+    return when if when is not None else storage_time(self.step_dir(step))
 
   def info(self, step: int) -> policies.CheckpointInfo:
     """A checkpoint's save time and the metrics recorded at its commit, as the policies see them."""
-    return policies.CheckpointInfo.at(step, self._time_of(step), self._metrics.get(step))
+    with self._lock:
+      known = next((c for c in self._history if c.step == step), None)
+    return policies.CheckpointInfo.at(step, self._time_of(step), known.metrics if known else None)
 
   def forget_unrestorable(self, step: int) -> None:
     """After the restore set a damaged checkpoint aside: out of the policies' history; on gs:// its
@@ -154,7 +153,12 @@ class JobDirectorySaves:
           save_cost_secs=self.costs.blocking_s, save_duration_secs=self.costs.duration_s)
       with self._lock:
         previous = list(self._history)
-      return policies.ask_save(self._save_policy, step, now=time.time(), previous=previous, context=context)
+      try:
+        return policies.ask_save(self._save_policy, step, now=self.clock(), previous=previous, context=context)
+      except Exception as e:  # pylint: disable=broad-except
+        logging.log_every_n_seconds(logging.WARNING, '[autockpt] save policy %r failed at step %d, no save: %s', 60,
+                                    self._save_policy, step, failures.one_line(e))
+        return False  # a policy's bug costs this decision, never the run (it must not reach Pax's loop)
 
     return self._agree(decide)
 
@@ -285,7 +289,8 @@ class JobDirectorySaves:
     duration = time.time() - start
     values = self._read_metrics(step, metrics)
     self._events.write('save_committed', step=step, duration_s=round(duration, 6), bytes=nbytes,
-                       **({'metrics': values} if values else {}), **({'manifest': True} if self._checksums else {}),
+                       **({'metrics': metrics_lib.for_event(values)} if values else {}),
+                       **({'manifest': True} if self._checksums else {}),
                        **({'id': save} if save else {}))
     self.committed_this_run.append(step)
     if self._lineage is not None:
@@ -306,8 +311,9 @@ class JobDirectorySaves:
     except Exception as e:  # pylint: disable=broad-except
       logging.warning('[autockpt] could not read the metrics of step %d: %s', step, failures.one_line(e))
       return None
-    if values and self._preservation is not None:
-      self._metrics[step] = values
+    if values:
+      with self._lock:  # the entry made at the save's start now carries them, for both kinds of policy
+        self._history = [dataclasses.replace(c, metrics=values) if c.step == step else c for c in self._history]
     return values
 
   def _remove_leftovers(self, step: int) -> None:
@@ -327,15 +333,30 @@ class JobDirectorySaves:
     infos = [self.info(s) for s in layout.committed_steps(self.checkpoint_dir)]
     try:
       doomed = policies.to_delete(self._preservation, infos,
-                                  context=policies.PreservationContext(now=time.time()),
+                                  context=policies.PreservationContext(now=policies.utc(self.clock())),
                                   protected={self._last_step() or -1})
     except Exception as e:  # pylint: disable=broad-except
-      logging.error('[autockpt] preservation policy %r failed, nothing deleted: %s', self._preservation, e)
+      logging.warning('[autockpt] preservation policy %r failed, nothing deleted: %s', self._preservation,
+                      failures.one_line(e))
       return
     for step in doomed:
-      layout.uncommit_and_delete(self.step_dir(step))
+      try:
+        layout.uncommit_and_delete(self.step_dir(step))
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning('[autockpt] could not delete step %d (the next commit retries): %s', step, failures.one_line(e))
+        continue
       self.forget(step)
-      self._metrics.pop(step, None)
       self._events.write('deleted', step=step, policy=repr(self._preservation))
     if doomed:
       logging.info('[autockpt] preservation deleted steps %s', doomed)
+
+
+def storage_time(path: epath.Path) -> float | None:
+  """When storage says a committed checkpoint was made, else None. On gs:// a checkpoint is a name prefix
+  with no time of its own (mtime 0), so its commit marker object's time is read; elsewhere the directory's."""
+  target = path / layout.COMMIT_MARKER if layout.uses_commit_marker(path) else path
+  try:
+    when = target.stat().mtime
+  except Exception:  # pylint: disable=broad-except
+    return None  # an outage or a vanished step: unknown, so kept
+  return when if when and when > 0 else None

@@ -53,6 +53,16 @@ def _seconds_above_0(v):  # finite: no wait takes an infinite timeout (OverflowE
   return None if _number(v) and 0 < v < math.inf else 'use a number of seconds > 0'
 
 
+GRACE_SECS_MAX = 7 * 24 * 3600.0  # a week: longer is no scheduler's grace period, and waits beyond
+# threading.TIMEOUT_MAX (~9.2e9 s) raise OverflowError at SIGTERM, killing the watchdog
+
+
+def _grace_secs(v):
+  if _number(v) and 0 < v <= GRACE_SECS_MAX:
+    return None
+  return f'use a number of seconds > 0 and at most {GRACE_SECS_MAX:.0f} (a week): the time from SIGTERM to SIGKILL'
+
+
 def _optional(ok: Callable[[Any], bool], fix: str) -> Rule:
   """A rule for a setting that None leaves unset. `fix` says `{unset}` where the other choice goes: a flag
   cannot be None, so `fix_for` writes "None" for an attribute and "leave the flag out" for a flag."""
@@ -196,7 +206,8 @@ class Settings:
                                      rule=_choice('exit', 'restart'))
   grace_secs: float = option(300.0, "seconds from SIGTERM's arrival to the scheduler's SIGKILL (Cloud TPU 300; "
                              "Spot VMs ~30; GKE's terminationGracePeriodSeconds; Slurm's --signal=TERM@N): the "
-                             "exit path saves only what fits and always ends before it", rule=_seconds_above_0)
+                             "exit path saves only what fits and always ends before it; at most a week",
+                             rule=_grace_secs)
   compression: str = option('auto', "zstd for array chunks, which orbax 0.5.9 sets for every array: 'auto' (every "
                             "save but the one a signal's exit waits for, written raw: float weights shrink by "
                             "little and the grace period is short), 'zstd' (every save), 'none' (no save); "

@@ -1,5 +1,7 @@
 """StepMetrics: Pax's programs tapped for each step's metrics, read only for a saved step."""
 
+import json
+import math
 import types
 
 from jax import numpy as jnp
@@ -38,18 +40,20 @@ def test_tap_keeps_the_outputs_of_the_step_they_produced_and_passes_them_on():
 
   train.run('state', 9)  # produces step 10, an eval step: eval_train, then the eval programs
   assert evaluate.run('state', 10).step == 10
-  assert metrics_lib.floats(step_metrics.capture(10)) == {
-      'train/loss': 2.5, 'train/log_pplx': 1.5, 'eval_train/metrics/log_pplx': 1.25,
-      'eval_test_test/metrics/log_pplx': 1.75}  # 'bad' and NaN left out
+  read = metrics_lib.floats(step_metrics.capture(10))
+  assert math.isnan(read.pop('eval_test_test/metrics/nan'))  # NaN kept: BestN ranks it worst
+  assert read == {'train/loss': 2.5, 'train/log_pplx': 1.5, 'eval_train/metrics/log_pplx': 1.25,
+                  'eval_test_test/metrics/log_pplx': 1.75}  # 'bad' left out
   evaluate.run('state', 20)  # an eval alone (no train step for it): a new step's metrics
-  assert metrics_lib.floats(step_metrics.capture(20)) == {'eval_test_test/metrics/log_pplx': 1.75}
+  assert metrics_lib.floats(step_metrics.capture(20)).keys() == {'eval_test_test/metrics/log_pplx',
+                                                                 'eval_test_test/metrics/nan'}
 
 
 def test_floats_reads_replicated_and_weighted_values():
   values = {'a': jnp.array([1.0, 3.0]), 'w': [(np.float32(1.0), np.float32(1.0)), (np.float32(4.0), np.float32(3.0))],
             'inf': jnp.float32(np.inf), 'none': None}
-  assert metrics_lib.floats(values) == {'a': 2.0, 'w': 3.25}
-  assert metrics_lib.floats(None) is None and metrics_lib.floats({'inf': float('inf')}) is None
+  assert metrics_lib.floats(values) == {'a': 2.0, 'w': 3.25, 'inf': float('inf')}
+  assert metrics_lib.floats(None) is None and metrics_lib.floats({'text': 'x'}) is None
 
 
 def test_of_committed_reads_the_newest_metrics_of_each_step():
@@ -58,3 +62,12 @@ def test_of_committed_reads_the_newest_metrics_of_each_step():
              {'event': 'save_committed', 'step': 10, 'metrics': {'train/loss': 2.0, 'flag': True, 'x': 'y'}},
              {'event': 'save_started', 'step': 30, 'metrics': {'train/loss': 1.0}}]
   assert metrics_lib.of_committed(records) == {10: {'train/loss': 2.0}}
+
+
+def test_non_finite_metrics_go_through_the_event_log_as_strict_json():
+  """A diverged loss reaches BestN after a restart too: 'nan', 'inf', '-inf' in the event, floats back."""
+  values = {'nan': float('nan'), 'inf': float('inf'), 'ninf': -float('inf'), 'x': 1.5}
+  written = json.loads(json.dumps(metrics_lib.for_event(values), allow_nan=False))
+  assert written == {'nan': 'nan', 'inf': 'inf', 'ninf': '-inf', 'x': 1.5}
+  read = metrics_lib.of_committed([{'event': 'save_committed', 'step': 1, 'metrics': written}])[1]
+  assert math.isnan(read.pop('nan')) and read == {'inf': float('inf'), 'ninf': -float('inf'), 'x': 1.5}

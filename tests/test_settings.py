@@ -94,7 +94,7 @@ BAD_NUMBERS = {
     'keep_every_steps': [0, -1, 1.5],
     'keep_best': [0, -1, 1.5],
     'restore_retry_secs': [-1, -0.5, INF, NAN],  # inf: a retry budget whose backoff never ends
-    'grace_secs': [0, -1, -300.0, INF, NAN],  # inf: a wait no timeout can hold
+    'grace_secs': [0, -1, -300.0, INF, NAN, 1e10, 7 * 24 * 3600 + 1],  # inf, 1e10: a wait no timeout can hold
     'background_nice': [-1, 20, 1.5],
     'local_min_interval_secs': [-1, NAN],
     'local_keep': [0, -1, 1.5],
