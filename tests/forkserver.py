@@ -139,8 +139,9 @@ class ForkServer:
   ended within 30 s."""
 
   def __init__(self, env: dict[str, str], cwd: str = ROOT):
+    own = {k: v for k, v in env.items() if not k.startswith('AUTOCKPT_FAULT_')}  # its children's faults, not its own
     self._proc = subprocess.Popen([sys.executable, '-m', 'tests.forkserver'], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, env=env, cwd=cwd)
+                                  stdout=subprocess.PIPE, env=own, cwd=cwd)
     self._pids = queue.Queue()
     self._codes = {}
     self._ended = threading.Condition()
