@@ -320,8 +320,8 @@ def test_local_saves_keep_this_runs_newest_and_remove_every_other_step(tmp_path)
   for step in (50, 60, 70):
     saves.maybe_save(step, state)
     saves._thread.join()  # pylint: disable=protected-access
-    assert 900 not in layout.local_committed_steps(tmp_path)  # never in the way of this run's saves
-  assert layout.local_committed_steps(tmp_path) == [60, 70]
+    assert 900 in layout.local_committed_steps(tmp_path)  # another job's progress: never this job's to delete
+  assert layout.local_committed_steps(tmp_path) == [60, 70, 900]
   assert local_format.lineage_of(local_format.read_index(layout.local_step_dir(tmp_path, 70))).token == 'job-a/r2'
   # A buddy copy of the neighbour's step 70 (of this run) that lags behind: this host's own step 70 stays with it
   # (the two halves of one state), beyond the newest 2.
@@ -329,7 +329,7 @@ def test_local_saves_keep_this_runs_newest_and_remove_every_other_step(tmp_path)
   for step in (80, 90):
     saves.maybe_save(step, state)
     saves._thread.join()  # pylint: disable=protected-access
-  assert layout.local_committed_steps(tmp_path) == [70, 80, 90]
+  assert layout.local_committed_steps(tmp_path) == [70, 80, 90, 900]
 
 
 def test_one_prune_rule_for_own_steps_and_buddy_copies_and_a_copy_in_flight_stays(tmp_path):

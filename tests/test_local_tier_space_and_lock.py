@@ -51,8 +51,8 @@ def tmpfs(tmp_path):
       pytest.skip('mounting a tmpfs needs root')
     path = tmp_path / f'tmpfs-{len(mounts)}'
     path.mkdir()
-    done = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size},mode=0700', 'tmpfs', str(path)], capture_output=True,
-                          text=True, check=False)
+    done = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size},mode=0700', 'tmpfs', str(path)],
+                          capture_output=True, text=True, check=False)
     if done.returncode:
       pytest.skip(f'cannot mount a tmpfs: {done.stderr.strip()}')
     mounts.append(path)
@@ -224,3 +224,116 @@ def test_a_training_process_on_a_held_local_directory_exits_2_in_one_line(tmp_pa
   assert len(errors) == 1 and errors[0].startswith(f'[autockpt] --autockpt_local_dir {folder} is held by a live '
                                                    f'process (pid {other.pid} ') and errors[0].endswith('; exiting 2.')
   assert [(e['code'], e['step']) for e in fakes.events(job, 'exit')] == [(2, None)]
+
+
+# --- issue 57: another job's steps are its progress; the room buddy copies need ------------------------------
+
+_JOB_A_KILLED = f'''
+import os, signal, sys
+import jax.numpy as jnp
+from pax_autockpt import events as events_lib
+from pax_autockpt.local import lineage as lineage_lib, saving
+saves = saving.LocalSaves(sys.argv[1], min_interval_secs=0, keep=2, events=events_lib.EventLog(sys.argv[2], 0),
+                          lineage=lineage_lib.Tracker('job-a', 'run-1'))
+for step in (285, 300):
+  saves.maybe_save(step, {{'w': jnp.full({SHARE // 4}, step, dtype=jnp.float32)}})
+  saves._thread.join()
+os.kill(os.getpid(), signal.SIGKILL)  # its newest progress is in the local tier only
+'''
+
+
+def _job_a_killed(folder, job):
+  """Job A, a real process, saves local steps 285 and 300 and is SIGKILLed; their bytes, by step."""
+  killed = subprocess.run([sys.executable, '-c', _JOB_A_KILLED, str(folder), str(job)], capture_output=True, text=True,
+                          timeout=300, check=False)
+  assert killed.returncode == -9, killed.stderr[-2000:]
+  return {s: (layout.local_step_dir(folder, s) / layout.LOCAL_SHARDS).read_bytes() for s in (285, 300)}
+
+
+def _saves_of(folder, job_dir, job, run, **kwargs):
+  return saving.LocalSaves(folder, min_interval_secs=0, keep=2, events=events_lib.EventLog(job_dir, 0),
+                           lineage=lineage_lib.Tracker(job, run), **kwargs)
+
+
+def test_a_copy_of_a_job_on_the_same_local_directory_prunes_only_its_own_steps(tmp_path):
+  """The issue's case: job A SIGKILLed with steps 285 and 300 in the local tier only; a copy of its job directory
+  (job B, as a forked experiment's copied command) runs on the same local directory. B's saves used to delete A's
+  steps as leftovers: A's rerun then restored 0. Now they stay, byte for byte, through B's saves (its save of
+  step 300 fails rather than replace A's), and A's rerun leaves B's alone in turn."""
+  folder = tmp_path / 'local'
+  theirs = _job_a_killed(folder, tmp_path / 'job-a')
+  b = _saves_of(folder, tmp_path / 'job-b', 'job-b', 'run-1')
+  _save_all(b, (100, 200, 300, 310, 320), {'w': jnp.zeros(SHARE // 4, dtype=jnp.float32)})
+  b.wait()
+  assert layout.local_committed_steps(folder) == [285, 300, 310, 320]
+  assert {s: (layout.local_step_dir(folder, s) / layout.LOCAL_SHARDS).read_bytes() for s in (285, 300)} == theirs
+  failed = fakes.events(tmp_path / 'job-b', 'local_save_failed')
+  assert [e['step'] for e in failed] == [300]
+  assert failed[0]['error'] == (f'StepInTheWay: step_00000300 here is job job-a\'s (job directory {tmp_path}/job-a), '
+                                'which this job leaves in place: give this job its own --autockpt_local_dir')
+  a = _saves_of(folder, tmp_path / 'job-a', 'job-a', 'run-2')  # A's rerun (B's process is gone: another lock)
+  a.restored(300)
+  _save_all(a, (330, 340, 350), {'w': jnp.ones(SHARE // 4, dtype=jnp.float32)})
+  assert layout.local_committed_steps(folder) == [310, 320, 340, 350]
+
+
+def test_another_jobs_steps_that_leave_no_room_are_named_in_one_line_and_count_as_taken(tmp_path, tmpfs, caplog):
+  """A real tmpfs with room for `local_keep` + 1 steps: A's two steps take two of them. B's first save says in one
+  line whose steps they are (they are not room it can free), and the ENOSPC its saves meet names that job too."""
+  folder = tmpfs(3 * (SHARE + PAGE) + 3 * PAGE)
+  _job_a_killed(folder, tmp_path / 'job-a')
+  b = _saves_of(folder, tmp_path / 'job-b', 'job-b', 'run-1')
+  _save_all(b, (10, 20), {'w': jnp.zeros(SHARE // 4, dtype=jnp.float32)})
+  b.wait()
+  lines = [r.getMessage() for r in caplog.records if 'has room for' in r.getMessage()]
+  assert len(lines) == 1, lines
+  assert (f'0.5 MB are job job-a\'s (job directory {tmp_path}/job-a) local steps '
+          f'({folder}/step_00000285, {folder}/step_00000300), another job\'s progress, which this job leaves in '
+          'place: remove them if that job is done with them, or give it ') in lines[0]
+  assert '(0.0 MB free + 0.0 MB of steps it keeps)' not in lines[0]  # A's bytes are not counted as B's room
+  failed = fakes.events(tmp_path / 'job-b', 'local_save_failed')
+  assert failed and 'No space left on device' in failed[0]['error'] and "job job-a's" in failed[0]['error']
+  assert {285, 300} <= set(layout.local_committed_steps(folder))
+
+
+def _step_bytes(folder):
+  return sum(os.path.getsize(p) for d in folder.iterdir() if d.name.startswith('step_') for p in d.iterdir())
+
+
+def test_with_buddy_copies_the_first_room_check_counts_keep_plus_4_shares_and_buddy_dir(tmp_path, monkeypatch):
+  """The worst case: `keep` own commits, one own step beside a lagging buddy copy, the one being written, and two of
+  the neighbour's (the newest copy and one in flight): keep + 4 shares, not the keep + 2 documented before. The
+  check counts what `buddy/` holds as room the copies reuse (it ignored `buddy/`: a /dev/shm sized from the docs,
+  which is RAM, filled)."""
+  lines = []
+  monkeypatch.setattr(saving.logging, 'warning', lambda fmt, *args: lines.append(fmt % args))
+  state = {'w': jnp.zeros(25_000, dtype=jnp.float32)}  # a 0.1 MB share
+  for name in ('local', 'local2'):
+    in_flight = layout.local_partial_dir(layout.local_buddy_dir(tmp_path / name), 1)
+    in_flight.mkdir(parents=True)
+    (in_flight / layout.LOCAL_SHARDS).write_bytes(bytes(200_000))  # a copy in flight
+  free = [360_000]  # room for keep + 1 steps beside buddy/'s 0.2 MB (all the old check asked for): not keep + 4
+  monkeypatch.setattr(shutil, 'disk_usage', lambda path: types.SimpleNamespace(free=free[0]))
+  _save_all(_saves_of(tmp_path / 'local', tmp_path / 'job', 'job-a', 'run-1', buddy=True), (1,), state)
+  assert len(lines) == 1 and ('has room for 0.6 MB (0.4 MB free + 0.2 MB of steps it keeps), less than '
+                              '--autockpt_local_keep + 4 = 6 shares (with buddy copies: 4 steps of this host\'s 0.1 MB '
+                              'share, 2 of its neighbour\'s) (0.6 MB): local saves will fail') in lines[0], lines
+  free[0] = 450_000  # keep + 4 shares with buddy/'s 0.2 MB counted as room: fits
+  _save_all(_saves_of(tmp_path / 'local2', tmp_path / 'job', 'job-a', 'run-1', buddy=True), (1,), state)
+  assert len(lines) == 1
+  assert saving.room_line(tmp_path, 100_000, 2, 450_000, 0) is None  # without buddy copies keep + 1 is enough
+
+
+def test_an_own_step_is_kept_beside_one_lagging_buddy_copy_only(tmp_path):
+  """Two committed buddy copies at once (the new one committed, the old not pruned yet), both behind this host's
+  newest `keep`: only the newest pair's own step is kept beyond `keep`, so own steps stay within keep + 2 while the
+  next one is written."""
+  folder = tmp_path / 'local'
+  saves = _saves_of(folder, tmp_path / 'job', 'job-a', 'run-1', buddy=True)
+  state = {'w': jnp.zeros(1000, dtype=jnp.float32)}
+  _save_all(saves, (10, 20), state)
+  buddy_dir = layout.local_buddy_dir(folder)
+  for step in (10, 20):  # the neighbour's copies of this run's steps 10 and 20 (the same save: the same token)
+    shutil.copytree(layout.local_step_dir(folder, step), layout.local_step_dir(buddy_dir, step))
+  _save_all(saves, (30, 40, 50), state)
+  assert layout.local_committed_steps(folder) == [20, 40, 50]

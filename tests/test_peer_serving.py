@@ -4,6 +4,7 @@ the address a host serves on. Real servers on 127.0.0.1; the coordination servic
 
 import errno
 import json
+import shutil
 import socket
 import threading
 import time
@@ -14,6 +15,8 @@ from pax_autockpt import coordination
 from pax_autockpt import hosts as hosts_lib
 from pax_autockpt import layout
 from pax_autockpt.local import buddy
+from pax_autockpt.local import format as local_format
+from pax_autockpt.local import lineage as lineage_lib
 from pax_autockpt.local import peer
 from pax_autockpt.local import restoring
 from tests import test_peer_transfer as transfer
@@ -212,3 +215,38 @@ def test_other_hosts_and_single_machine_jobs_keep_their_address(monkeypatch, cap
   for coordinator in ('127.0.0.1:1234', 'localhost:1234', '', None):  # `launch`: every host on this machine
     assert hosts_lib.own_address(coordinator) == '127.0.0.1'
   assert not _messages(caplog, 'no other machine')
+
+
+# --- issue 57: buddy/ within two shares, and another job's copies left alone --------------------------------
+
+
+def test_buddy_dir_holds_the_newest_copy_and_the_one_in_flight_only_and_never_another_jobs(tmp_path, service):
+  """Before a fetch every other `.partial` goes: a copy that failed (step 3) and one a previous run left above this
+  run's numbers (step 99) used to stay beside the copy in flight and the newest copy, three shares or more where
+  the docs give two. Another job's copy (job-b's step 4) is that job's, and stays."""
+  copies = [buddy.BuddyCopies(tmp_path / f'host{h}', host=h, hosts=2, slices=1, mb_per_sec=1000.0, nice=0,
+                              address='127.0.0.1', job='job-a') for h in range(2)]
+  try:
+    transfer._donor(tmp_path / 'host0', 5)  # pylint: disable=protected-access
+    transfer._donor(tmp_path / 'host1', 5)  # pylint: disable=protected-access
+    kept = copies[1].kept
+    for stale in (3, 99):
+      layout.local_partial_dir(kept, stale).mkdir(parents=True)
+    transfer._donor(kept, 4)  # pylint: disable=protected-access
+    shutil.copytree(layout.local_step_dir(kept, 4), layout.local_step_dir(kept, 2))  # job-a's older copy
+    other = transfer._donor(tmp_path / 'other', 4)  # pylint: disable=protected-access
+    index = local_format.read_index(other)
+    index['lineage'] = lineage_lib.Lineage('job-b', 'run-9', base=None).to_json()
+    partial = layout.local_partial_dir(tmp_path / 'other', 4)
+    other.rename(partial)
+    shutil.rmtree(layout.local_step_dir(kept, 4))
+    shutil.copytree(local_format.commit(partial, index), layout.local_step_dir(kept, 4))
+    for c in copies:
+      c.committed(5)
+    assert _eventually(lambda: 5 in layout.local_committed_steps(kept))
+    assert _eventually(lambda: sorted(p.name for p in kept.iterdir()) == ['step_00000004', 'step_00000005'])
+    assert local_format.job_of(layout.local_step_dir(kept, 4))[0] == 'job-b'
+  finally:
+    for c in copies:
+      if c._server is not None:  # pylint: disable=protected-access
+        c._server.stop()  # pylint: disable=protected-access

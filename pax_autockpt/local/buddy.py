@@ -7,8 +7,10 @@ there are several slices (losing one slice then never takes both copies), else t
 local commit the keeper streams that step from its owner over the peer path (pax_autockpt.local.peer:
 this job's secret, each shard checked against its digest as it arrives, a `.partial` committed by rename)
 into `buddy/` of its own local tier, on one background thread at the background nice value and capped at
-`local_buddy_mb_per_sec`, and keeps only the newest copy. A copy that falls behind skips to the newest
-commit; one that fails logs a line and the next commit tries again. A restart's plan
+`local_buddy_mb_per_sec`, and keeps only the newest copy: `buddy/` holds at most two shares, the newest copy and
+the one in flight (a `.partial` of any other step goes before a fetch starts), and never loses another job's
+copies (issue 57). A copy that falls behind skips to the newest commit; one that fails logs a line and the next
+commit tries again. A restart's plan
 (pax_autockpt.local.restoring) uses a buddy copy after a host's own copy and a replica's. The owner serves only
 the steps this run committed; the coordination service carries only its address and secret.
 
@@ -58,8 +60,9 @@ class BuddyCopies:
   """One host's side: serves the local steps it committed to its keeper, and keeps its owner's newest."""
 
   def __init__(self, folder: epath.PathLike, *, host: int, hosts: int, slices: int, mb_per_sec: float,
-               nice: int, address: str, port: int = 0):
+               nice: int, address: str, port: int = 0, job: str | None = None):
     self.folder = epath.Path(folder)
+    self._job = job  # this job's identity: another job's copies in buddy/ stay (None: every entry is this job's)
     self.kept = layout.local_buddy_dir(folder)
     self.owner = owner(host, hosts, slices)
     self._rate, self._nice = mb_per_sec * 1e6, nice
@@ -136,6 +139,7 @@ class BuddyCopies:
     """The owner's `step` into `buddy/`, retried while the owner has not renamed it yet; then the older go."""
     began = time.monotonic()
     try:
+      self._drop_stale_partials(step)
       path = self._fetch(step, began + RETRY_SECS)
     except Exception as e:  # pylint: disable=broad-except  (a copy is a spare: training goes on)
       self._failed(step, e)
@@ -171,11 +175,23 @@ class BuddyCopies:
         time.sleep(0.2)
 
   def _prune(self, newest: int) -> None:
-    """Only the newest copy stays; a `.partial` of a newer one is a copy in flight, resumed by its next fetch."""
+    """Only the newest copy stays (and another job's copies); a `.partial` of a newer one is a copy in flight,
+    resumed by its next fetch."""
     try:
-      local_format.prune(self.kept, {newest}, partials_from=newest)
+      local_format.prune(self.kept, {newest}, partials_from=newest, spare=self._another_jobs)
     except OSError as e:
       logging.warning('[autockpt] could not prune the buddy copies in %s: %s', self.kept, failures.one_line(e))
+
+  def _drop_stale_partials(self, step: int) -> None:
+    """Before fetching `step`: every other `.partial` goes (a copy that failed, one a previous run left above this
+    run's numbers), so that `buddy/` never holds more than the newest copy and this one."""
+    for found, partial in layout.local_partials(self.kept):
+      if found != step:
+        partial.rmtree(missing_ok=True)
+
+  def _another_jobs(self, entry: epath.Path) -> bool:
+    found = local_format.job_of(entry) if self._job is not None else None
+    return found is not None and found[0] != self._job
 
 
 class _Log:

@@ -15,7 +15,7 @@ import base64
 import dataclasses
 import json
 import os
-from typing import Any, Collection
+from typing import Any, Callable, Collection
 
 from etils import epath
 import jax
@@ -133,17 +133,19 @@ def commit(partial: epath.Path, index: dict[str, Any]) -> epath.Path:
   return final
 
 
-def prune(folder: epath.PathLike, keep: Collection[int], partials_from: int | None = None) -> None:
+def prune(folder: epath.PathLike, keep: Collection[int], partials_from: int | None = None,
+          spare: Callable[[epath.Path], bool] | None = None) -> None:
   """Every step entry of `folder` but the `keep` steps goes: other committed steps, `.partial`s a kill left,
   anything else named as a step. One rule for a host's own steps (pax_autockpt.local.saving) and the buddy copy
   it keeps (pax_autockpt.local.buddy), so the two cannot drift. `partials_from`: the `.partial`s of that step
-  and newer stay (a buddy copy in flight, which the next fetch resumes). OSError: the caller's to log."""
+  and newer stay (a buddy copy in flight, which the next fetch resumes). `spare(entry)`: True for an entry that
+  is not this job's to delete (another job's committed step, `job_of`). OSError: the caller's to log."""
   folder = epath.Path(folder)
   kept = {layout.local_step_dir(folder, s).name for s in keep}
   if partials_from is not None:
     kept |= {p.name for s, p in layout.local_partials(folder) if s >= partials_from}
   for entry in folder.iterdir():
-    if not entry.name.startswith('step_') or entry.name in kept:
+    if not entry.name.startswith('step_') or entry.name in kept or (spare is not None and spare(entry)):
       continue
     if entry.is_dir():
       entry.rmtree()
@@ -151,14 +153,26 @@ def prune(folder: epath.PathLike, keep: Collection[int], partials_from: int | No
       entry.unlink()
 
 
+def job_of(step_dir: epath.Path) -> tuple[str, str | None] | None:
+  """(job identity, job directory where the index records it) of a committed local step; None for anything
+  whose index does not read back (a `.partial`, a damaged or older-format step: no job can restore it)."""
+  try:
+    found = read_index(step_dir)
+    return lineage_of(found).job, found.get('job_log_dir') if isinstance(found.get('job_log_dir'), str) else None
+  except (LocalDamage, OSError):
+    return None
+
+
 def index(step: int, host: int, hosts: int, fp: str, arrays: dict[str, Any], inputs: dict[int, bytes | None],
-          captured_at: float | None, lineage: lineage_lib.Lineage) -> dict:
+          captured_at: float | None, lineage: lineage_lib.Lineage, job_log_dir: str | None = None) -> dict:
   """`captured_at`: when the step's state was copied (unix seconds), what a kill's lost training counts from;
-  `lineage`: the job and line of training it belongs to. The whole index is covered by its `digest`: every
-  byte that steers a restore (shard places, input positions, lineage) is checked before it is used: the
-  commit adds it."""
+  `lineage`: the job and line of training it belongs to; `job_log_dir`: that job's directory, which names the
+  job to a user (another job that finds this step in its way says whose it is). The whole index is covered by
+  its `digest`: every byte that steers a restore (shard places, input positions, lineage) is checked before it
+  is used: the commit adds it."""
   return {'format': FORMAT, 'hash': manifest_lib.HASH, 'step': step, 'host': host, 'hosts': hosts, 'fingerprint': fp,
           'captured_at': captured_at, 'lineage': lineage.to_json(),
+          **({'job_log_dir': job_log_dir} if job_log_dir is not None else {}),
           'arrays': arrays, 'inputs': {str(h): None if v is None else base64.b64encode(v).decode()
                                        for h, v in inputs.items()}}
 

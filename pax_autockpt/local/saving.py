@@ -19,6 +19,13 @@ anything in it is read or deleted; leftovers (`.partial`s a kill left, steps thi
 each save needs their room, not only after a commit, so a directory sized for `local_keep + 1` steps never
 fills after a SIGKILL; the first save says in one line when `local_keep + 1` steps of this host's share cannot
 fit; saves that keep failing are one line and one `local_save_failed` event a minute (FailureSummary).
+
+A directory may hold another job's steps (a copy of the job directory run with the same `--autockpt_local_dir`:
+issue 57). Those are that job's progress, not leftovers: this job never deletes or overwrites them (its save of a
+step number another job holds here fails instead), counts them as taken at the room check, and names that job
+when they leave no room. With buddy copies the tier needs `local_keep + 4` shares at worst: `local_keep` own
+commits, one own step kept beside a lagging buddy copy, the one being written, and two of the neighbour's (its
+newest copy and the copy in flight); the first save's room check counts `buddy/` too.
 """
 
 import base64
@@ -55,7 +62,7 @@ class LocalSaves:
   """The local tier's saves for one host (see the module docstring)."""
 
   def __init__(self, folder: epath.PathLike, *, min_interval_secs: float | None, keep: int, events: events_lib.EventLog,
-               lineage: lineage_lib.Tracker, on_commit: Callable[[int], None] | None = None):
+               lineage: lineage_lib.Tracker, on_commit: Callable[[int], None] | None = None, buddy: bool = False):
     self.folder = epath.Path(folder)
     lock.hold(self.folder, events.job_log_dir, events.host)  # made, and this job's, before anything here goes
     self._host, self._hosts = events.host, jax.process_count()
@@ -74,7 +81,9 @@ class LocalSaves:
     self._mine: list[int] = []  # the steps this run committed, oldest first
     self._restored: int | None = None  # the local step this run restored from: kept until its first commit
     self._lines = {lineage.token}  # the saves whose own step stays while its buddy copy does: this run's (+ restored)
-    self._tokens: dict[str, str] = {}  # a committed step's lineage token, by its path (read once)
+    self._job = lineage.at(0).job  # this job's identity: the only job whose local steps this run deletes
+    self._buddy = buddy  # this host keeps a neighbour's copies in buddy/ (room for two more shares)
+    self._lineages: dict[tuple[str, int, int], lineage_lib.Lineage | None] = {}  # by (path, inode, mtime): read once
     self._room_checked = False  # whether the first save checked the free space yet
     self._tally = CommitTally(events)
     self._failures = FailureSummary(events)
@@ -144,14 +153,16 @@ class LocalSaves:
     partial = None
     try:
       self._make_room(snapshot.nbytes)
+      self._check_not_others(step)
       partial, arrays = local_format.write_part(self.folder, step, snapshot)
       inputs = self._exchange(step, snapshot.input_state)
       fp = local_format.fingerprint_of(snapshot)
       local_format.commit(partial, local_format.index(step, self._host, self._hosts, fp, arrays, inputs, began[0],
-                                                      lineage))
+                                                      lineage, job_log_dir=str(self._events.job_log_dir)))
     except Exception as e:  # pylint: disable=broad-except
       self._cost = time.monotonic() - began[1]
-      self._failures.failed(step, e, snapshot.nbytes)
+      others = self._others() if getattr(e, 'errno', None) == errno.ENOSPC else []
+      self._failures.failed(step, e, snapshot.nbytes, self._buddy, others)
       if partial is not None and partial.exists():
         partial.rmtree()
       return
@@ -189,11 +200,13 @@ class LocalSaves:
 
   def _keeps(self) -> set[int]:
     """The steps this run keeps: its newest `keep` commits (before the first, the local step it restored), and
-    each own step this host keeps a buddy copy of the same save of (its own half of that state,
-    pax_autockpt.local.buddy): this run's, or the one it restored. Not a pair another run left (a rerun without buddy
-    copies, whose `buddy/` nothing renews), nor an own step that only shares the copy's number."""
+    the own step paired with the newest buddy copy this host keeps of the same save (its own half of that state,
+    pax_autockpt.local.buddy): this run's, or the one it restored. Not a pair another run left (a rerun without
+    buddy copies, whose `buddy/` nothing renews), nor an own step that only shares the copy's number; one pair at
+    most, so that the room the docs give (`local_keep + 4` shares with buddy copies) holds."""
     kept = set(self._mine[-self._keep:]) or {s for s in [self._restored] if s is not None}
-    return kept | {s for s in layout.local_committed_steps(layout.local_buddy_dir(self.folder)) if self._paired(s)}
+    paired = [s for s in layout.local_committed_steps(layout.local_buddy_dir(self.folder)) if self._paired(s)]
+    return kept | set(paired[-1:])
 
   def _paired(self, step: int) -> bool:
     tokens = {self._token(layout.local_step_dir(f, step)) for f in (self.folder, layout.local_buddy_dir(self.folder))}
@@ -201,12 +214,44 @@ class LocalSaves:
 
   def _token(self, step_dir: epath.Path) -> str | None:
     """The lineage token of a committed local step (None: unreadable, damaged, absent)."""
-    if str(step_dir) not in self._tokens:
+    found = self._lineage_of(step_dir)
+    return None if found is None else found.token
+
+  def _lineage_of(self, step_dir: epath.Path) -> lineage_lib.Lineage | None:
+    """A committed local step's lineage (None: unreadable, damaged, absent), read once per directory (by its
+    inode and mtime: a step committed again under the same name is read again)."""
+    try:
+      found = os.stat(step_dir)
+    except OSError:
+      return None
+    key = (str(step_dir), found.st_ino, found.st_mtime_ns)
+    if key not in self._lineages:
       try:
-        self._tokens[str(step_dir)] = local_format.lineage_of(local_format.read_index(step_dir)).token
+        lineage = local_format.lineage_of(local_format.read_index(step_dir))
       except (local_format.LocalDamage, OSError):
         return None
-    return self._tokens[str(step_dir)]
+      if len(self._lineages) > 1000:
+        self._lineages.clear()
+      self._lineages[key] = lineage
+    return self._lineages[key]
+
+  def _another_jobs(self, entry: epath.Path) -> bool:
+    """Whether `entry` is a committed step of another job: its progress, never this job's to delete."""
+    found = self._lineage_of(entry)
+    return found is not None and found.job != self._job
+
+  def _others(self) -> list[tuple[epath.Path, tuple[str, str | None], int]]:
+    """(step directory, (job, its job directory), bytes) of the other jobs' committed steps here and in buddy/."""
+    folders = (self.folder, layout.local_buddy_dir(self.folder))
+    entries = [e for f in folders if f.is_dir() for e in sorted(f.iterdir()) if e.name.startswith('step_')]
+    return [(e, local_format.job_of(e) or ('?', None), _bytes_in(e)) for e in entries if self._another_jobs(e)]
+
+  def _check_not_others(self, step: int) -> None:
+    """A save of a step number another job holds here would replace that job's step at the commit: it fails."""
+    final = layout.local_step_dir(self.folder, step)
+    if self._another_jobs(final):
+      raise StepInTheWay(f'{final.name} here is {_whose(local_format.job_of(final))}, which this job leaves in '
+                         'place: give this job its own --autockpt_local_dir')
 
   def _clear_leftovers(self) -> None:
     """Every step entry this run does not keep goes (the directory is this run's): `.partial`s a kill left,
@@ -214,7 +259,7 @@ class LocalSaves:
     that a directory with room for `keep + 1` steps always has room for the next one."""
     kept = self._keeps()
     try:
-      local_format.prune(self.folder, kept)
+      local_format.prune(self.folder, kept, spare=self._another_jobs)
     except OSError as e:
       logging.warning('[autockpt] could not prune the local tier %s: %s', self.folder, failures.one_line(e))
 
@@ -225,15 +270,30 @@ class LocalSaves:
 
   def _make_room(self, share: int) -> None:
     """Before this host's part of a step is written: the leftovers' room is freed; at the first save, one line
-    when `keep + 1` steps of this host's `share` bytes cannot fit (saves would fail once the tier fills)."""
+    when the tier's shares of this host's `share` bytes (`room_line`) cannot fit (saves would fail once the tier fills):
+    the steps this job keeps count as room (with buddy copies, `buddy/`'s too), another job's as taken."""
     self._clear_leftovers()
     if self._room_checked:
       return
     self._room_checked = True
-    held = sum(_bytes_in(layout.local_step_dir(self.folder, s)) for s in self._keeps())
-    line = room_line(self.folder, share, self._keep, shutil.disk_usage(self.folder).free, held)
+    others = self._others()
+    theirs = {str(e) for e, _, _ in others}
+    folders = [self.folder] + ([layout.local_buddy_dir(self.folder)] if self._buddy else [])
+    held = sum(_bytes_in(e) for f in folders if f.is_dir() for e in f.iterdir()
+               if e.name.startswith('step_') and str(e) not in theirs)
+    line = room_line(self.folder, share, self._keep, shutil.disk_usage(self.folder).free, held,
+                     buddy=self._buddy, others=others)
     if line:
       logging.warning('[autockpt] %s', line)
+
+
+class StepInTheWay(Exception):
+  """A local step of the number being saved is another job's: this save fails rather than replace it."""
+
+
+def _whose(found: tuple[str, str | None] | None) -> str:
+  job, job_log_dir = found or ('?', None)
+  return f'job {job}\'s' + (f' (job directory {job_log_dir})' if job_log_dir else '')
 
 
 def auto_interval(cost_secs: float) -> float:
@@ -253,18 +313,37 @@ def _mb(nbytes: float) -> str:
   return f'{nbytes / 1e6:.1f} MB'
 
 
-def room_line(folder: epath.Path, share: int, keep: int, free: int, held: int) -> str | None:
-  """Why `folder` cannot hold `keep + 1` steps (the kept ones and the one being written) of this host's `share`
-  bytes, with the figures and the fix; None when it can. `held`: bytes of steps kept there, counted as room."""
-  room, need = free + held, (keep + 1) * share
+def room_line(folder: epath.Path, share: int, keep: int, free: int, held: int, buddy: bool = False,
+              others: list[tuple[epath.Path, tuple[str, str | None], int]] = ()) -> str | None:
+  """Why `folder` cannot hold the tier's shares of this host's `share` bytes (`keep` + 1: the kept steps and the one
+  being written; with `buddy` copies `keep` + 4: one own step beside a lagging copy, and the neighbour's newest
+  copy and the one in flight), with the figures and the fix; None when it can. `held`: bytes of this job's
+  steps there, counted as room; `others`: another job's steps, which take room this job does not free."""
+  extra = 4 if buddy else 1
+  room, need = free + held, (keep + extra) * share
   if room >= need:
     return None
-  fits = room // share - 1 if share else keep
+  fits = room // share - extra if share else keep
   fix = f'give it {_mb(need)} or more (a larger tmpfs or /dev/shm, a local SSD)'
   fix += f' or set --autockpt_local_keep={fits}' if fits >= 1 else ' or turn the local tier off'
+  what = (f'--autockpt_local_keep + 4 = {keep + 4} shares (with buddy copies: {keep + 2} steps of this host\'s '
+          f'{_mb(share)} share, 2 of its neighbour\'s)' if buddy else
+          f'--autockpt_local_keep + 1 = {keep + 1} steps of this host\'s {_mb(share)} share')
   return (f'the local tier {folder} has room for {_mb(room)} ({_mb(free)} free + {_mb(held)} of steps it keeps), '
-          f'less than --autockpt_local_keep + 1 = {keep + 1} steps of this host\'s {_mb(share)} share ({_mb(need)}): '
-          f'local saves will fail once it fills; {fix}.')
+          f'less than {what} ({_mb(need)}): local saves will fail once it fills; {_others_clause(others)}{fix}.')
+
+
+def _others_clause(others: list[tuple[epath.Path, tuple[str, str | None], int]]) -> str:
+  """The other jobs whose steps take the room, each named once (with its steps and bytes), and what to do."""
+  if not others:
+    return ''
+  jobs: dict[tuple[str, str | None], list[tuple[epath.Path, int]]] = {}
+  for entry, job, nbytes in others:
+    jobs.setdefault(job, []).append((entry, nbytes))
+  named = '; '.join(f'{_mb(sum(n for _, n in found))} are {_whose(job)} local steps '
+                    f'({", ".join(str(e) for e, _ in found)})' for job, found in jobs.items())
+  return (f'{named}, another job\'s progress, which this job leaves in place: remove them if that job is done '
+          'with them, or ')
 
 
 class FailureSummary:
@@ -280,10 +359,16 @@ class FailureSummary:
     self._newest: tuple[int, str] = (-1, '')  # the newest failure's step and reason
     self._last: float | None = None  # when the previous report was (monotonic); None: never
 
-  def failed(self, step: int, error: BaseException, share: int) -> None:
+  def failed(self, step: int, error: BaseException, share: int, buddy: bool = False,
+             others: list[tuple[epath.Path, tuple[str, str | None], int]] = ()) -> None:
+    """`buddy`: the tier keeps buddy copies too (room for 3 more shares); `others`: another job's steps in the
+    way, named where the disk is full."""
     reason = failures.one_line(error)
     if getattr(error, 'errno', None) == errno.ENOSPC:
-      reason += f' (the tier needs room for --autockpt_local_keep + 1 steps of this host\'s {_mb(share)} share)'
+      needs = '--autockpt_local_keep + 4 shares (buddy copies included)' if buddy else '--autockpt_local_keep + 1 steps'
+      reason += f' (the tier needs room for {needs} of this host\'s {_mb(share)} share)'
+      if others:
+        reason += f'; {_others_clause(others).removesuffix(", or ")}'
     now = time.monotonic()
     with self._lock:
       self._count, self._total, self._newest = self._count + 1, self._total + 1, (step, reason)

@@ -37,10 +37,11 @@ def wire(settings: settings_lib.Settings, events: events_lib.EventLog, slices: i
     copies = buddy.BuddyCopies(folder, host=events.host, hosts=hosts, slices=slices,
                                mb_per_sec=settings.local_buddy_mb_per_sec, nice=settings.background_nice,
                                address=hosts_lib.own_address(coordination.coordinator_address()),
-                               port=settings.local_peer_port)
+                               port=settings.local_peer_port, job=job)
   elif settings.local_buddy:
     logging.warning('[autockpt] buddy copies: one host, no other disk to keep a copy on; none made.')
   saves = saving.LocalSaves(folder, min_interval_secs=settings.local_min_interval_secs, keep=settings.local_keep,
-                            events=events, lineage=tracker, on_commit=copies and copies.committed)
+                            events=events, lineage=tracker, on_commit=copies and copies.committed,
+                            buddy=copies is not None)
   return Tier(job, tracker, saves, restoring.LocalRestore(folder, host=events.host, hosts=hosts,
                                                           peer_port=settings.local_peer_port))
