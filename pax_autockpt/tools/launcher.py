@@ -27,6 +27,7 @@ import threading
 import time
 from typing import Sequence
 
+from pax_autockpt import console
 from pax_autockpt import hosts
 from pax_autockpt import layout
 from pax_autockpt import settings as settings_lib
@@ -136,8 +137,9 @@ def _sigterm_when_launcher_dies(launcher_pid: int):
 class _Console:
   """The launcher's lines on stdout and stderr, written by one thread, so that no signal handler and no host's
   pump ever waits on the console: a `| tee` that died (EPIPE), a closed or full stream, a pager that stopped
-  reading. A stream whose write fails is said once on stderr (if that still works) and pointed at /dev/null: its
-  later lines are dropped, and Python's own flush at exit cannot fail (which would make the exit code 120)."""
+  reading. A stream whose write fails is said once on stderr (if that still works) and pointed at /dev/null, as
+  the training process's own lines are (`pax_autockpt.console`): its later lines are dropped, and Python's own
+  flush at exit cannot fail (which would make the exit code 120)."""
 
   _MAX_QUEUED = 10_000  # lines waiting for a console that blocks; beyond it they are dropped, not held
 
@@ -174,28 +176,12 @@ class _Console:
         self._write(stream, line)
 
   def _write(self, stream: str, line: str) -> None:
-    out = getattr(sys, stream)
-    try:
-      out.write(line + '\n')
-      out.flush()
-    except (OSError, ValueError) as e:  # ValueError: a closed file
+    """One line; a stream that fails is pointed at /dev/null (`console.write`) and said once on stderr."""
+    if not console.write(getattr(sys, stream), stream, line + '\n'):
       self._failed.add(stream)
-      _to_devnull(out)
       if stream != 'stderr':
-        self._write('stderr', f'[launch] the console ({stream}) cannot be written ({type(e).__name__}: '
-                    f'{getattr(e, "strerror", None) or e}): its lines are dropped from now on; every host\'s '
-                    'output is still in its log')
-
-
-def _to_devnull(stream) -> None:
-  """Points `stream`'s file descriptor at /dev/null, and drops what its buffer held there."""
-  try:
-    null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, stream.fileno())
-    os.close(null)
-    stream.flush()
-  except (OSError, ValueError, AttributeError):
-    pass
+        self._write('stderr', f'[launch] the console ({stream}) cannot be written ({console.lost().get(stream)}): '
+                    "its lines are dropped from now on; every host's output is still in its log")
 
 
 _console = _Console()
