@@ -9,9 +9,8 @@ previous one (or of the state it restored). What the model answers:
   checkpoint, or a local state every host holds a copy of (its own, or the buddy copy a neighbour keeps), at
   least as new as that checkpoint and grown from it; and no rollback discarded it.
 - a rollback: the user deletes checkpoint C (no run live, no `deleted` record), or a tool rewrites it. It
-  discards every state that shares C's training past A, the newest state C shares with the job directory's
-  newest checkpoint left (None: every state of C's line). Deleting a checkpoint older than one kept in its line
-  discards nothing. Deletions by the preservation policy (recorded) are no rollback.
+  discards every state that shares C's training past A, the newest checkpoint of C's line still in the job
+  directory, committed or set aside (None: every state of C's line). Deletions by the preservation policy (recorded) are no rollback.
 - `newest()`: the allowed state of the highest step (the one a restart must resume).
 """
 
@@ -64,9 +63,9 @@ class Model:
     self.mark(gone)
 
   def mark(self, gone: int) -> None:
-    there = {**self.aside, **self.ckpts}
-    kept = there[max(there)] if there else None
-    self.marks.append((gone, self.lca(gone, kept)))
+    there = {*self.aside.values(), *self.ckpts.values()}
+    kept = next((n for n in self.line(gone)[1:] if n in there), None)
+    self.marks.append((gone, kept))
 
   def discarded(self, node: int) -> bool:
     for gone, kept in self.marks:

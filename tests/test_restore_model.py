@@ -436,3 +436,10 @@ def test_status_never_promises_a_resume_the_restore_refuses(capsys):
     assert capsys.readouterr().out.splitlines()[1].endswith(', newer: the same command resumes from it')
   finally:
     history.teardown()
+
+
+def test_a_rollback_on_a_line_beside_a_set_aside_checkpoint_keeps_the_checkpoint_it_rolls_back_to():
+  """Found by the soak (a defect of the model): 3 set aside, a new line saves 1 and 2, 2 is rolled back: the
+  job directory's 1 is what the rollback keeps, whatever newer checkpoint another line set aside."""
+  _replay(1, ('restart', {}), ('train', {'steps': 2}), ('sigterm', {}), ('set_aside', {}), ('restart', {}),
+          ('sigterm', {}), ('restart', {}), ('sigterm', {}), ('rollback', {}))
