@@ -16,6 +16,7 @@ train step again (6.3 s for the tiny CPU model; minutes for a large model on TPU
 import contextlib
 import os
 import tempfile
+import time
 from typing import Any
 
 from absl import flags
@@ -110,6 +111,23 @@ def unwritable(path: str) -> str | None:
   return None
 
 
+ABANDONED_WRITE_SECS = 3600.0  # JAX's `_temp_<key>` files older than this belong to a write that was killed
+
+
+def _without_abandoned_writes(entries: list[tuple[float, int, str]]) -> list[tuple[float, int, str]]:
+  """Removes JAX's temporary files of writes a kill cut short (JAX writes `_temp_<key>` and renames it): nothing
+  ever reads or renames them, and under the size bound no LRU pass would remove them, on a disk that may be nearly
+  full. A write in progress (younger than ABANDONED_WRITE_SECS) is left alone. The entries left."""
+  kept, now = [], time.time()
+  for used, size, path in entries:
+    if os.path.basename(path).startswith('_temp_') and now - used > ABANDONED_WRITE_SECS:
+      with contextlib.suppress(OSError):
+        os.remove(path)
+        continue
+    kept.append((used, size, path))
+  return kept
+
+
 def prune_least_recently_used(folder: str, most_bytes: int = MOST_BYTES, down_to: float = DOWN_TO) -> int:
   """Where `folder`'s entries total more than `most_bytes`, removes the least recently used (by access time
   where the file system keeps it, else modification time) until `down_to` of it is left: the default
@@ -121,6 +139,7 @@ def prune_least_recently_used(folder: str, most_bytes: int = MOST_BYTES, down_to
         stat = entry.stat(follow_symlinks=False)
         if entry.is_file(follow_symlinks=False):
           entries.append((max(stat.st_atime, stat.st_mtime), stat.st_size, entry.path))
+  entries = _without_abandoned_writes(entries)
   left = sum(size for _, size, _ in entries)
   if left <= most_bytes:
     return 0

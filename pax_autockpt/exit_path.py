@@ -60,11 +60,11 @@ class ExitPath:
     self._owner: int | None = None  # the thread that took the exit (the main thread's, or pax_autockpt.rescue's)
 
   def signal_arrived(self, signum: int, arrival: float) -> None:
-    """A SIGTERM came to this host (any thread): from now on the process ends before the grace period
-    does. A Ctrl-C has no scheduler behind it: no deadline."""
+    """A SIGTERM or Ctrl-C came to this host (any thread): from now on the process ends before the grace period
+    does. A Ctrl-C has no scheduler behind it, so its save is not planned against a deadline (`_deadline`), but a
+    person waiting is not kept longer either: a peer that never comes back ends in the watchdog's one line."""
     self._found = self._phases.now()
-    if signum == signal.SIGTERM:
-      self._watchdog.arm(grace.Deadline(arrival, self._grace_secs))
+    self._watchdog.arm(grace.Deadline(arrival, self._grace_secs))
 
   def _deadline(self) -> grace.Deadline | None:
     """At the agreed step: the grace period's end, from this host's own SIGTERM, else from now (a host the
@@ -263,13 +263,20 @@ class ExitPath:
     try:
       restored = self._restored_step() if self._restorer.unbacked_step is None else None  # a local step is not
       known = [s for s in (*self._saves.committed_this_run, restored) if s is not None]  # no storage call
-      code = self._exit_code if self._exit_step is not None and self._exit_step in known else 1
+      code = self._signal_code() if self._exit_step is not None and self._exit_step in known else 1
       message = (f'[autockpt] The grace period of {deadline.grace_secs:g} s ends in {grace.WATCHDOG_LEAD_SECS:g} s: '
                  f'exiting {code} now; the newest committed checkpoint is {max(known, default=None)}'
                  f'{self._what_is_lost(max(known, default=None))}.')
       console.bounded(lambda: self._record_expiry(message, code), grace.WATCHDOG_LEAD_SECS / 2, 'autockpt-grace-exit')
     finally:
       os._exit(code)  # pylint: disable=protected-access
+
+  def _signal_code(self) -> int:
+    """The exit code of a stop whose save committed: 130 after a Ctrl-C (any host's, once agreed), else 143."""
+    name = self._preemption.signal_name if self._preemption.agreed_step is not None else None
+    got = signals.received()
+    interrupted = name == signal.SIGINT.name or (name is None and got is not None and got[0] == signal.SIGINT)
+    return signals.INTERRUPT_EXIT_CODE if interrupted else self._exit_code
 
   def _record_expiry(self, message: str, code: int) -> None:
     console.write(sys.stderr, 'stderr', message + '\n')

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 
 from absl import flags
 import jax
@@ -131,3 +132,14 @@ def test_pruning_removes_the_least_recently_used_down_to_a_fraction_of_the_bound
   assert compilation_cache.prune_least_recently_used(str(tmp_path), most_bytes=1000, down_to=0.5) == 800
   assert os.listdir(tmp_path) == ['old']
   assert compilation_cache.prune_least_recently_used(str(tmp_path / 'absent')) == 0
+
+
+def test_a_killed_write_s_temporary_file_is_removed_under_the_bound_and_a_live_one_kept(tmp_path):
+  """JAX writes `_temp_<key>` and renames it: a SIGKILL mid-write leaves it, never read again. Seen failing before
+  the abandoned-write pass: under the bound nothing was removed, however old."""
+  now = time.time()
+  _entry(tmp_path, '_temp_killed', 400, now - 2 * compilation_cache.ABANDONED_WRITE_SECS)
+  _entry(tmp_path, '_temp_writing', 400, now - 5)
+  _entry(tmp_path, 'jit_train_step-abc', 400, now - 3 * compilation_cache.ABANDONED_WRITE_SECS)
+  compilation_cache.prune_least_recently_used(str(tmp_path), most_bytes=10_000)
+  assert sorted(os.listdir(tmp_path)) == ['_temp_writing', 'jit_train_step-abc']

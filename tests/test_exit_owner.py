@@ -152,3 +152,17 @@ def _quietly(function, *args):
       pass
   return run
 
+
+
+def test_a_ctrl_c_is_bounded_by_the_grace_period_too_and_its_committed_exit_is_130(tmp_path, monkeypatch):
+  """A Ctrl-C while a peer is stuck waited ~10 minutes, then ended in a Timeout traceback (read on the previous
+  main: no watchdog was armed for SIGINT). Now the watchdog holds it to the grace period, one line, and a committed
+  exit step still exits 130."""
+  ckpt, _ = fakes.wrap(tmp_path / 'job', interval=1000)
+  exit_path = ckpt._exit  # pylint: disable=protected-access
+  arrival = time.time()
+  exit_path.signal_arrived(2, arrival)
+  assert exit_path._watchdog.deadline.at == pytest.approx(arrival + settings_lib.Settings().grace_secs)  # pylint: disable=protected-access
+  fakes.preempt(2)
+  assert exit_path._signal_code() == 130  # pylint: disable=protected-access
+  exit_path._watchdog.cancel()  # pylint: disable=protected-access
