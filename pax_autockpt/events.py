@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+import secrets
 import threading
 import time
 from typing import Any, Callable
@@ -160,6 +161,9 @@ class EventLog:
 
   def __init__(self, job_log_dir: epath.PathLike, host: int):
     self.host = host
+    # This process's mark on each of its events, new at each start: `report` tells a restart's events written before
+    # its `start` (a failed restore's) from the run before it, where a container's pid is the same every time.
+    self.process = secrets.token_hex(4)
     self.job_log_dir = epath.Path(job_log_dir)
     layout.autockpt_dir(job_log_dir).mkdir(parents=True, exist_ok=True)
     self._lock = threading.Lock()
@@ -172,7 +176,8 @@ class EventLog:
 
   def write(self, event: str, *, t: float | None = None, **fields: Any) -> dict[str, Any]:
     """Logs one event; `t` defaults to now (a save_started is stamped with its start)."""
-    record = {'t': time.time() if t is None else t, 'host': self.host, 'event': event, **fields}
+    record = {'t': time.time() if t is None else t, 'host': self.host, 'event': event, 'process': self.process,
+              **fields}
     line = json.dumps(record)
     if self.observer is not None:
       self.observer(record)

@@ -7,8 +7,9 @@ import textwrap
 
 LEGEND = (
     ('job, hosts, restarts, launch restarts', 'the job directory; how many hosts logged and how often each '
-     'started; what each restart restored: a step from the job directory, a local step (the local tier), or no '
-     'checkpoint; under `pax-autockpt launch --max_restarts`, the restarts it made, the backoff it waited before '
+     'started (a process each); what each restart restored: a step from the job directory, a local step (the local '
+     'tier), no checkpoint, or nothing: it ended before training (its restore failed, or it was killed in it); '
+     'under `pax-autockpt launch --max_restarts`, the restarts it made, the backoff it waited before '
      'each and why the last one came'),
     ('saves, steps saved', 'checkpoint saves started, by reason (interval, continuous, preemption: on SIGTERM, '
      'notice, final), and how many committed; the steps of the committed ones'),
@@ -23,8 +24,9 @@ LEGEND = (
     ('notices', 'maintenance or preemption notices from the metadata server, the step saved for each and how '
      'long before the SIGTERM'),
     ('exit codes, steps lost', 'how runs ended (143: saved on a signal; 0: finished; 1: failed); per restart, how '
-     'the run before it ended and what the next run restored: the steps trained but not restored (after a kill, '
-     'which leaves no exit event, from the newest step its log or the next run\'s restore shows it trained: ~)'),
+     'the run that trained before it ended and what the restart restored: the steps trained but not restored '
+     '(after a kill, which leaves no exit event, from the newest step its log or the next run\'s restore shows it '
+     'trained: ~); a restart that ended before training loses nothing itself'),
     ('deletions, restore skipped', 'checkpoints a preservation policy deleted; damaged checkpoints a restore '
      'passed over (kept aside, never deleted)'),
     ('checkpoints', 'committed checkpoints in the job directory now, and incomplete attempts beside them'),
@@ -41,10 +43,12 @@ LEGEND = (
      'to the downtime up to the first step'),
     ('goodput (measured)', 'the job\'s wall time, first start to last exit, split into productive training '
      '(steps that survive into the final lineage) and badput: wasted progress (steps trained, then lost), '
-     'start-up to the first step, save blocking, restore, idle between runs and start-up (between runs, where a '
-     'log does not record the process start), other; they add up to the wall time'),
-    ('goodput', 'with --mtbf_hours M: the share of time spent on training that counts, 1 - save cost/interval - '
-     '(interval/2 + R)/M (Young/Daly, first order), and at the interval that maximises it'),
+     'start-up (a restarted process\'s start to its first step, less the restore), save blocking, restore, idle '
+     'between runs (restarts that ended before training included), between runs where a log does not record the '
+     'process start, other; they add up to the wall time'),
+    ('goodput @ MTBF', 'a model, not a measurement: with --mtbf_hours M, the share of time spent on training that '
+     'counts, 1 - save cost/interval - (interval/2 + R)/M (Young/Daly, first order), and at the interval that '
+     'maximises it'),
     ('adaptive interval', 'with --autockpt_mtbf_hours: the interval continuous saving converged to, against '
      'the Young/Daly optimum for the save cost measured'),
 )

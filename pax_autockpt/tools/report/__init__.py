@@ -10,8 +10,11 @@ How the figures are derived (the interpretations the contract leaves open):
 - Lines that are not a JSON object with a string "event" and a finite numeric "t" are skipped and
   counted in `unparsable_lines`. A killed writer can leave a torn line with the next process's first
   record appended to it; the trailing record is salvaged (still with `json.loads`), the torn part counted.
-- A *run* is one process start on one host: a `start` event and every later event in that host's file
-  up to the next `start`. Run `k` of every host is the job's k-th run (hosts restart together).
+- A *run* is one process on one host: the events that carry its `process` mark (logs before the mark: cut where a
+  `start` or a restore's event, which a process writes before its `start`, follows a `start` or an `exit`). So a
+  restart's failed restore (`restore_failed`, `exit` 1) or set-aside checkpoint is the restart's, never the killed
+  run's before it; a restart that ended before its `start` is a run without one, which trained nothing. Run `k` of
+  every host is the job's k-th run (hosts restart together).
 - Saves, preemptions, deletions and skipped restores are logged by every host. The k-th event of one
   kind for step S on a host is matched with the k-th one for step S on every other host and counted
   once (so a step saved again after a restart is a second save). A merged save takes the max
@@ -22,7 +25,8 @@ How the figures are derived (the interpretations the contract leaves open):
   start times. Percentiles interpolate linearly (numpy's default).
 - Steps lost by restart k on a host = (run k-1's exit step, else the highest step in any of its
   `start`/`save_started`/`save_committed`/`local_committed`/`preemption` events or run k's `restored_step`,
-  which proves how far a killed run trained) - run k's `restored_step` (0 when null), floored at 0; after a
+  which proves how far a killed run trained) - run k's `restored_step` (0 when null), floored at 0, where run k-1
+  is the latest run before k that trained (a restart that ended before training loses nothing itself); after a
   kill (no `exit` event) the steps trained after the run's last event are not counted (the text marks its
   step with ~). Per job: the max over hosts per restart; total = sum over restarts.
 - Checkpoints: complete = committed by `pax_autockpt.layout`'s rule; incomplete = the other attempts
@@ -36,8 +40,8 @@ How the figures are derived (the interpretations the contract leaves open):
   goodput = max(0, 1 - delta/tau - (tau/2 + R)/M); Young/Daly optimum tau_opt = sqrt(2 delta M).
 - Measured goodput and badput: the wall time from the first `start` to the last run's end split into buckets
   that add up to it (productive training, wasted progress, start-up to the first step, save blocking, restore,
-  idle between runs and start-up, or between runs where a `start` records no process start, other); how each is
-  derived is in `measured`'s docstring.
+  idle between runs and start-up, or between runs where a `start` records no process start, other; the text
+  shows the two start-ups as one item); how each is derived is in `measured`'s docstring.
 - Restart phases: per restart, host 0's (else the lowest host's) previous run's last event -> its process start
   (`process_start_t`) -> imports (`imported_s`), distributed init (`distributed_s`), set-up (the rest), restore
   (`restore_s`) -> its `start` -> its `first_step` event; they add up to that span. Medians over restarts.

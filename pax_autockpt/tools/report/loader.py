@@ -24,6 +24,8 @@ from pax_autockpt.tools.report import values
 _STEP_EVENTS = ('save_started', 'save_committed', 'deleted', 'restore_skipped')
 # Events whose step says how far their run had trained when they were written: a run's (time, step) points.
 _PROGRESS_POINTS = ('save_started', 'local_committed', 'preemption', 'exit', 'first_step', 'progress')
+# Events a process writes while it restores, before its `start` event (pax_autockpt.restore).
+_BEFORE_START = ('restore_failed', 'restore_skipped', 'local_restore_failed', 'input_restarted')
 
 
 @dataclasses.dataclass
@@ -46,19 +48,37 @@ class _EventLogs:
   unparsable: int
 
 
-def _read_events(root: epath.Path) -> _EventLogs:
-  """Every host's events, each tagged with its run; ReportError when there is none.
+def _run_indices(records: list[dict[str, Any]]) -> list[int]:
+  """Each record's run: one process, bounded by the process that wrote it, not by its `start` event alone.
 
-  A run starts at each `start` event; events before the first `start` (a log whose beginning was
-  lost) form a run of their own.
+  Every event carries its process's mark (`process`): a new mark begins a new run. A log written before the mark
+  is cut by what a process writes: its restore's events (_BEFORE_START) before its `start`, which comes once the
+  restore is done, and nothing but late writes after its `exit`; so there a `start` or a restore's event begins a
+  new run once the current run has a `start` or an `exit`. Either way a restart's failed restore (`restore_failed`,
+  `exit` 1) or a damaged checkpoint it set aside belongs to the restart, not to the killed run before it. A process
+  that ended before its `start` (its restore failed, or it was killed in it) is a run without one.
+  """
+  out, run, started, ended, mark = [], -1, False, False, None
+  for rec in records:
+    name, was, mark = rec['event'], mark, values.string(rec.get('process'))
+    new_mark = mark is not None and was is not None and mark != was
+    if run < 0 or new_mark or ((name == 'start' or name in _BEFORE_START) and (started or ended)):
+      run, started, ended = run + 1, False, False
+    started = started or name == 'start'
+    ended = ended or name == 'exit'
+    out.append(run)
+  return out
+
+
+def _read_events(root: epath.Path) -> _EventLogs:
+  """Every host's events, each tagged with its run (_run_indices); ReportError when there is none.
+
+  Events before the first `start` (a log whose beginning was lost) form a run of their own.
   """
   logs = events.read_job(root)
   evs = []
   for log in logs.values():
-    run = -1
-    for rec in log.records:
-      if rec['event'] == 'start' or run < 0:
-        run += 1
+    for rec, run in zip(log.records, _run_indices(log.records)):
       evs.append(_Event(log.host, run, float(rec['t']), rec['event'], rec))
   files = [name for log in logs.values() for name in log.files]
   unparsable = sum(log.unparsable for log in logs.values())
@@ -120,8 +140,9 @@ def _by_run(evs: list[_Event]) -> dict[tuple[int, int], list[_Event]]:
 
 
 def _run(host: int, index: int, rev: list[_Event]) -> model.Run:
-  """One run from its events (`rev`, which lacks a `start` when the log's beginning was lost)."""
-  start = rev[0] if rev[0].name == 'start' else None
+  """One run from its events (`rev`: its restore's events, then its `start`; no `start` when the log's beginning
+  was lost, or the process ended before training)."""
+  start = next((e for e in rev if e.name == 'start'), None)
   start_rec = start.rec if start else {}
   restored = values.integer(start_rec.get('restored_step'))
   exit_ev = next((e for e in rev if e.name == 'exit'), None)
@@ -156,12 +177,15 @@ def _run(host: int, index: int, rev: list[_Event]) -> model.Run:
 
 
 def _reached_by_the_next(run_by_key: dict[tuple[int, int], model.Run]) -> None:
-  """A killed run trained at least to the step the next run restored: its log lags behind what it trained (the
-  local tier's commits are summed up once a minute), and the restored step proves how far it got."""
-  for (host, index), r in run_by_key.items():
-    nxt = run_by_key.get((host, index + 1))
-    if not r.exited and nxt is not None and nxt.restored_step is not None:
-      r.reached_step = values.max_known([r.reached_step, nxt.restored_step])
+  """A killed run trained at least to the step the next run that trained restored: its log lags behind what it
+  trained (the local tier's commits are summed up once a minute), and the restored step proves how far it got."""
+  nxt: dict[int, model.Run] = {}  # host -> the next run that trained, walking back
+  for (host, _), r in reversed(run_by_key.items()):
+    after = nxt.get(host)
+    if not r.exited and after is not None and after.restored_step is not None:
+      r.reached_step = values.max_known([r.reached_step, after.restored_step])
+    if r.trained:
+      nxt[host] = r
 
 
 def _restored_steps(runs: list[model.Run]) -> list[int | None]:
@@ -274,21 +298,26 @@ def _intervals(committed: list[model.Save]) -> tuple[model.Stats, model.Stats, f
   return model.Stats.of(isteps), model.Stats.of(isecs), values.median(rates)
 
 
-def _per_commit(mine: list[_Event]) -> tuple[list[float], list[float | None]]:
-  """Each local commit's interval and duration, so that the figures are the commits', not the events'.
+def _per_commit(mine: list[_Event]) -> tuple[list[tuple[float | None, int]], list[tuple[float | None, int]]]:
+  """Each local commit's interval and duration as (value, how many commits it stands for), so that the figures are
+  the commits', not the events', in the time and memory of the events (an event's `commits` is a weight, never a
+  list's length: one odd event costs one figure).
 
   An event sums up `commits` commits with their mean `interval_s` and the newest one's `duration_s`
   (pax_autockpt.local.saving.CommitTally): both stand for each of its commits, or a minute of 120 commits
   would weigh as much as the run's first. Logs written before that have one event per commit, and the gaps
   between them are the intervals.
   """
-  weights = [max(0, values.integer(e.rec.get('commits')) or 1) for e in mine]
-  durations = [values.number(e.rec.get('duration_s')) for e, n in zip(mine, weights) for _ in range(n)]
+  weights = [_commits(e) for e in mine]
+  durations = [(values.number(e.rec.get('duration_s')), n) for e, n in zip(mine, weights)]
   if not any(values.integer(e.rec.get('commits')) is not None for e in mine):
-    return [b.t - a.t for a, b in zip(mine, mine[1:]) if a.run == b.run], durations
-  gaps = [values.number(e.rec.get('interval_s')) for e, n in zip(mine, weights)
-          if values.number(e.rec.get('interval_s')) is not None for _ in range(n)]
-  return gaps, durations
+    return [(b.t - a.t, 1) for a, b in zip(mine, mine[1:]) if a.run == b.run], durations
+  return [(values.number(e.rec.get('interval_s')), n) for e, n in zip(mine, weights)], durations
+
+
+def _commits(e: _Event) -> int:
+  """How many local commits an event stands for (1 where it does not say: one event per commit)."""
+  return max(0, values.integer(e.rec.get('commits')) or 1)
 
 
 def _local_tier(evs: list[_Event], runs: list[model.Run]) -> model.LocalTier | None:
@@ -304,8 +333,8 @@ def _local_tier(evs: list[_Event], runs: list[model.Run]) -> model.LocalTier | N
     by_index[r.index][r.host] = r.restored_from
   restored = [hosts.get(0, hosts[min(hosts)]) for _, hosts in sorted(by_index.items())]
   killed = {r.index for r in runs if r.host == host and not r.exited}
-  return model.LocalTier(saves_committed=sum(max(0, values.integer(e.rec.get('commits')) or 1) for e in mine),
-                         interval_s=model.Stats.of(gaps), duration_s=model.Stats.of(durations),
+  return model.LocalTier(saves_committed=sum(_commits(e) for e in mine),
+                         interval_s=model.Stats.of_weighted(gaps), duration_s=model.Stats.of_weighted(durations),
                          restored_from=restored, points=[(e.t, _step(e)) for e in mine],
                          count_lower_bound=any(e.run in killed and 'commits' in e.rec for e in mine))
 
@@ -404,6 +433,9 @@ class _HostRestart:
   restored_from: str | None       # 'local', 'job_dir' or None
   previous_exit_code: int | None
   phases: model.RestartPhases | None = None
+  previous_index: int | None = None  # the run before it that trained
+  trained: bool = True            # False: it ended before training; the figures above are then empty
+  exit_code: int | None = None    # its own exit code, when it ended before training
 
   @property
   def cost_s(self) -> float | None:
@@ -454,12 +486,16 @@ def _host_restart(r: model.Run, prev: model.Run, rev: list[_Event],
   if reached is None:
     reached = prev.restored_step or 0
   restored = r.restored_step if r.restored_step is not None else 0
+  if not r.trained:  # nothing restored, nothing lost yet: the next run that trains says what survived
+    return _HostRestart(host=r.host, reached_step=reached, restored_step=None, steps_lost=0, lower_bound=False,
+                        downtime_s=None, startup_s=None, restored_from=None, previous_exit_code=prev.exit_code,
+                        previous_index=prev.index, trained=False, exit_code=r.exit_code)
   return _HostRestart(
       host=r.host, reached_step=reached, restored_step=r.restored_step,
       steps_lost=max(0, reached - restored), lower_bound=not prev.exited,
       downtime_s=(r.t_start - prev.t_last) if r.t_start is not None else None,
       startup_s=_startup(r, rev, restored, seconds_per_step), restored_from=r.restored_from,
-      previous_exit_code=prev.exit_code, phases=_phases(r, prev))
+      previous_exit_code=prev.exit_code, phases=_phases(r, prev), previous_index=prev.index)
 
 
 def _restart(index: int, rows: list[_HostRestart]) -> model.Restart:
@@ -475,19 +511,23 @@ def _restart(index: int, rows: list[_HostRestart]) -> model.Restart:
       startup_s=values.max_known(row.startup_s for row in rows),
       cost_s=values.max_known(row.cost_s for row in rows), restored_from=first.restored_from,
       previous_exit_code=first.previous_exit_code,
-      phases=next((w.phases for w in sorted(rows, key=lambda w: w.host) if w.phases), None))
+      phases=next((w.phases for w in sorted(rows, key=lambda w: w.host) if w.phases), None),
+      previous_index=first.previous_index, trained=all(row.trained for row in rows), exit_code=first.exit_code)
 
 
 def _restarts(run_events: dict[tuple[int, int], list[_Event]],
               run_by_key: dict[tuple[int, int], model.Run],
               seconds_per_step: float | None) -> list[model.Restart]:
-  """Every restart of the job (run k >= 1), merged over the hosts that restarted."""
+  """Every restart of the job (run k >= 1), merged over the hosts that restarted. Each is measured against the
+  run before it that trained: a restart that ended before training restored nothing and lost nothing itself."""
   rows: dict[int, list[_HostRestart]] = collections.defaultdict(list)
+  prev: dict[int, model.Run] = {}  # host -> its latest run that trained
   for r in run_by_key.values():
     if r.index > 0:
-      prev = run_by_key[(r.host, r.index - 1)]
-      rows[r.index].append(
-          _host_restart(r, prev, run_events[(r.host, r.index)], seconds_per_step))
+      before = prev.get(r.host, run_by_key[(r.host, r.index - 1)])
+      rows[r.index].append(_host_restart(r, before, run_events[(r.host, r.index)], seconds_per_step))
+    if r.trained:
+      prev[r.host] = r
   return [_restart(k, rows[k]) for k in sorted(rows)]
 
 
@@ -539,7 +579,7 @@ def load(job_log_dir: str | os.PathLike) -> model.Report:
   run_by_key = {(r.host, r.index): r for r in runs}
   _reached_by_the_next(run_by_key)
   hosts = sorted({e.host for e in evs})
-  start_counts = collections.Counter(e.host for e in evs if e.name == 'start')
+  start_counts = collections.Counter(r.host for r in runs)  # processes, with or without a `start` event
   starts_per_host = {h: start_counts[h] for h in hosts}
   saves = _saves(evs)
   started = [s for s in saves if s.t is not None]

@@ -4,7 +4,9 @@ The Young/Daly line (`young_daly`) says what an MTBF the user types would cost a
 module says what the job's time actually went to, so that an operator sees which bucket to work on. Bucket names
 follow Google's ml-goodput-measurement where they mean the same thing (docs/report.md maps them).
 
-The timeline is one host's: host 0's runs (else the lowest host's; hosts start and stop together). A run spans
+The timeline is one host's: host 0's runs that trained (else the lowest host's; hosts start and stop together); a
+restart that ended before training (its restore failed, or it was killed in it) is in the time between runs, as
+idle, and one after the last run that trained extends the wall time, as idle. A run spans
 its `start` event, which is written once its restore is done, to its end: its `exit` event, else (killed: no
 exit event) its last event, or the end of a save's blocking that event shows, if later. A killed run's real end is
 later than that (by less than pax_autockpt.progress's 30 s on host 0, whose `progress` events mark how far it got
@@ -80,10 +82,15 @@ class _Split:
   blocking: float = 0.0
 
 
-def _timeline(report: model.Report) -> list[model.Run]:
-  """Host 0's runs (else the lowest host's) in order: the one timeline the buckets split."""
+def _timeline(report: model.Report) -> tuple[list[model.Run], float | None]:
+  """Host 0's runs that trained (else the lowest host's) in order: the one timeline the buckets split; and the
+  end of the restarts after the last of them that ended before training (None: none did), which the wall time
+  reaches."""
   host = 0 if 0 in report.hosts else min(report.hosts)
-  return sorted((r for r in report.runs if r.host == host), key=lambda r: r.index)
+  runs = sorted((r for r in report.runs if r.host == host), key=lambda r: r.index)
+  trained = [r for r in runs if r.trained]
+  after = [r.t_last for r in runs if trained and r.index > trained[-1].index]
+  return trained, max(after, default=None)
 
 
 def _saves_of(report: model.Report, run: model.Run) -> list[model.Save]:
@@ -203,12 +210,14 @@ def _between(runs: list[model.Run], saves: list[list[model.Save]]) -> _Between:
 
 def measure(report: model.Report) -> Measured:
   """The job's wall time split into BUCKETS (see the module docstring)."""
-  runs = _timeline(report)
+  runs, failed_end = _timeline(report)
   seconds = step_time(report)
   saves = [_saves_of(report, r) for r in runs]
-  wall = _end(runs[-1], saves[-1]) - _begin(runs[0]) if runs else 0.0
+  last_end = _end(runs[-1], saves[-1]) if runs else 0.0
+  tail = max(0.0, failed_end - last_end) if failed_end is not None else 0.0  # restarts that never trained
+  wall = last_end + tail - _begin(runs[0]) if runs else 0.0
   killed = sum(1 for r in runs if not r.exited)
-  open_end = bool(runs) and not runs[-1].exited
+  open_end = bool(runs) and not runs[-1].exited and not tail
   if wall <= 0:
     return Measured(None, {}, {}, None, killed, open_end, seconds,
                     note='not enough events yet: it needs a run\'s start and a later event')
@@ -216,9 +225,11 @@ def measure(report: model.Report) -> Measured:
   between = _between(runs, saves)
   got = {'productive_training': sum(x.productive for x in splits), 'wasted_progress': sum(x.wasted for x in splits),
          'training_prep': sum(x.prep for x in splits), 'checkpoint_save': sum(x.blocking for x in splits),
-         'checkpoint_restore': between.restores, 'idle_between_runs': between.idle, 'start_up': between.start_up,
+         'checkpoint_restore': between.restores, 'idle_between_runs': between.idle + tail,
+         'start_up': between.start_up,
          'between_runs': between.rest}
   got['other'] = wall - sum(got.values())
-  note = None if seconds is not None else 'no step time measured (< 2 committed saves in one run): start-up counted 0'
+  note = None if seconds is not None else ('no step time measured (< 2 committed saves in one run): the start-up '
+                                           'after each `start` counted as training')
   return Measured(wall, got, {k: v / wall for k, v in got.items()}, got['productive_training'] / wall,
                   killed, open_end, seconds, between.unrecorded, between.known, note)

@@ -32,6 +32,17 @@ class Stats:
     return cls(n=len(vals), mean=sum(vals) / len(vals), p50=values.percentile(vals, 50),
                p90=values.percentile(vals, 90), max=vals[-1])
 
+  @classmethod
+  def of_weighted(cls, items: Iterable[tuple[float | None, int]]) -> Stats:
+    """The statistics of each known value counted `weight` times (weights < 1 are left out), in the time and
+    memory of the pairs: one odd event costs one figure."""
+    pairs = sorted((v, w) for v, w in items if v is not None and w >= 1)
+    if not pairs:
+      return cls()
+    total = sum(w for _, w in pairs)
+    return cls(n=total, mean=sum(v * (w / total) for v, w in pairs), p50=values.weighted_percentile(pairs, 50),
+               p90=values.weighted_percentile(pairs, 90), max=pairs[-1][0])
+
 
 @dataclasses.dataclass
 class Run:
@@ -58,6 +69,12 @@ class Run:
   distributed_s: float | None = None  # paxml's setup_jax: jax.distributed's initialize (pax_autockpt.main only)
   t_first_step: float | None = None  # its `first_step` event: the first step done (None: none logged)
   compile_s: float | None = None  # its first train_step call: the step's trace and compile
+
+  @property
+  def trained(self) -> bool:
+    """It reached its `start` (its restore done): a restart without one ended before training (its restore failed,
+    or it was killed in it). The first run without one is a log whose beginning was lost."""
+    return self.t_start is not None or self.index == 0
 
 
 @dataclasses.dataclass
@@ -132,6 +149,9 @@ class Restart:
   restored_from: str | None = None  # the tier the new run restored from: 'local', 'job_dir' or None
   previous_exit_code: int | None = None  # how the previous run ended (None: killed, or not recorded)
   phases: RestartPhases | None = None  # None: the `start` records no process start (off Linux, an older log)
+  previous_index: int | None = None  # the run before it that trained (a restart that ended before training skipped)
+  trained: bool = True            # False: this restart ended before training (restore failed, or killed in it)
+  exit_code: int | None = None    # how this restart ended, when it ended before training (None: killed)
 
 
 @dataclasses.dataclass

@@ -63,6 +63,8 @@ def _job_lines(r: model.Report) -> list[str]:
 
 def _restored_words(x: model.Restart) -> str:
   """What one restart restored, and from which tier: the reader asks where the job came back from."""
+  if not x.trained:
+    return 'nothing: ' + _ended_before_training(x)
   if x.restored_step is None:
     return 'no checkpoint'
   if x.restored_from == 'local':
@@ -145,13 +147,21 @@ def _lost_words(x: model.Restart) -> str:
   """'run 2 was killed at step ~575, run 3 restored local step 575: 0 lost', runs counted from 1 as the user
   counts them. A killed run's step is the newest its log shows it trained (or the step the next run restored, if
   newer), hence '~': the steps it trained after its last event are not counted."""
+  if not x.trained:
+    return f'run {x.index + 1} {_ended_before_training(x)}'
   reached = '?' if x.reached_step is None else str(x.reached_step)
+  before = x.index if x.previous_index is None else x.previous_index + 1
   if x.lower_bound:
-    ended = f'run {x.index} was killed at step ~{reached}'
+    ended = f'run {before} was killed at step ~{reached}'
   else:
     code = '' if x.previous_exit_code is None else f' {x.previous_exit_code}'
-    ended = f'run {x.index} exited{code} at step {reached}'
+    ended = f'run {before} exited{code} at step {reached}'
   return f'{ended}, run {x.index + 1} restored {_restored_words(x)}: {x.steps_lost} lost'
+
+
+def _ended_before_training(x: model.Restart) -> str:
+  """'ended before training (exit 1)': a restart whose restore failed, or that was killed in it."""
+  return 'ended before training (' + ('killed' if x.exit_code is None else f'exit {x.exit_code}') + ')'
 
 
 def _storage_lines(r: model.Report) -> list[str]:
@@ -182,18 +192,22 @@ def _local_lines(r: model.Report) -> list[str]:
 _TIERS = {None: 'fresh', 'job_dir': 'the job directory', 'local': 'the local tier'}
 
 
-_BADPUT_WORDS = (('wasted_progress', 'wasted progress'), ('training_prep', 'start-up to the first step'),
-                 ('checkpoint_save', 'save blocking'), ('checkpoint_restore', 'restore'),
-                 ('idle_between_runs', 'idle between runs'), ('start_up', 'start-up'),
-                 ('between_runs', 'between runs (idle, start-up)'), ('other', 'other'))
-_SPLIT = ('idle_between_runs', 'start_up')  # where a `start` records its process's start, else in between_runs
+# Each badput item once, in words: one start-up (the process's own before its `start`, less the restore, and on to
+# the end of its first step), idle, and where a restart recorded no process start the two unsplit.
+_BADPUT_WORDS = ((('wasted_progress',), 'wasted progress'), (('start_up', 'training_prep'), 'start-up'),
+                 (('checkpoint_save',), 'save blocking'), (('checkpoint_restore',), 'restore'),
+                 (('idle_between_runs',), 'idle between runs'),
+                 (('between_runs',), 'between runs (no process start recorded)'),
+                 (('other',), 'other'))
 
 
-def _shown(m: measured.Measured, key: str) -> bool:
-  """Idle and start-up where some restart recorded its process start; the combined bucket where one did not."""
-  if key in _SPLIT:
-    return m.process_start_known > 0
-  return key != 'between_runs' or not m.process_start_known or m.seconds[key] != 0
+def _shown(m: measured.Measured, keys: tuple[str, ...]) -> bool:
+  """Every item but the unsplit one, which shows only when it holds time (and then idle only if it does too)."""
+  if keys == ('between_runs',):
+    return m.seconds['between_runs'] != 0
+  if keys == ('idle_between_runs',):
+    return m.seconds['idle_between_runs'] != 0 or m.seconds['between_runs'] == 0
+  return True
 
 
 def _measured_line(r: model.Report) -> str:
@@ -201,13 +215,14 @@ def _measured_line(r: model.Report) -> str:
   m = measured.measure(r)
   if m.wall_s is None:
     return f'goodput (measured): {m.note}'
-  share = lambda key: f'{_fmt_s(m.seconds[key])} ({100 * m.shares[key]:.1f}%)'
+  share = lambda keys: (f'{_fmt_s(sum(m.seconds[k] for k in keys))} '
+                        f'({100 * sum(m.shares[k] for k in keys):.1f}%)')
   wall = ('at least ' if m.last_run_open else '') + f'{_fmt_s(m.wall_s)} wall'
-  badput = ', '.join(f'{words} {share(key)}' for key, words in _BADPUT_WORDS if _shown(m, key))
+  badput = ', '.join(f'{words} {share(keys)}' for keys, words in _BADPUT_WORDS if _shown(m, keys))
   caveat = []
   if m.killed_runs - m.last_run_open:
     caveat.append(f'{m.killed_runs - m.last_run_open} killed run(s) end at their last event here: wasted progress is '
-                  'a lower bound, between runs an upper bound')
+                  'a lower bound, the time between runs an upper bound')
   if m.restore_unrecorded:
     caveat.append(f'{m.restore_unrecorded} restore(s) not recorded (a log before restore_s): in between runs')
   if m.note:
@@ -237,8 +252,9 @@ def _phases_lines(r: model.Report) -> list[str]:
 
 def _goodput_line(r: model.Report, mtbf_hours: float | None) -> str:
   if mtbf_hours is None:
-    return (f'goodput: not computed; give --mtbf_hours H, the hours between failures you expect (from this job: '
-            f'save cost {_fmt_s(r.save_cost_s)}, interval {_fmt_s(r.interval_p50_s)}, R {_fmt_s(r.restart_cost_s)})')
+    return (f'goodput @ MTBF: a model, not shown; give --mtbf_hours H, the hours between failures you expect, for '
+            f'Young/Daly\'s goodput at this job\'s save cost {_fmt_s(r.save_cost_s)}, interval '
+            f'{_fmt_s(r.interval_p50_s)} and R {_fmt_s(r.restart_cost_s)}')
   g = young_daly.goodput(r, mtbf_hours)
   head = f'goodput @ MTBF {_fmt_num(g["mtbf_hours"], 1)} h: '
   if g['tau_opt_s'] is None:

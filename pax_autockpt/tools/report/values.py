@@ -49,3 +49,22 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 def median(values: list[float]) -> float | None:
   return percentile(sorted(values), 50) if values else None
+
+
+def weighted_percentile(pairs: list[tuple[float, int]], q: int) -> float:
+  """`percentile` of the list that holds each value `weight` times (pairs sorted by value, weights >= 1), without
+  making that list: an event that stands for 1e10 commits costs one pair, not 80 GB. Integer arithmetic, so that a
+  weight past a float's range still places the rank exactly."""
+  total = sum(w for _, w in pairs)
+  lo, rest = divmod((total - 1) * q, 100)
+  hi = min(lo + 1, total - 1)
+  at_lo = at_hi = pairs[-1][0]
+  seen = 0
+  for v, w in pairs:
+    if seen <= lo < seen + w:
+      at_lo = v
+    if seen <= hi < seen + w:
+      at_hi = v
+      break
+    seen += w
+  return at_lo + (at_hi - at_lo) * rest / 100

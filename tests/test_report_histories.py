@@ -1,0 +1,52 @@
+"""`report`'s runs and measured goodput against the truth of random histories (tests/report_histories.py).
+
+Each example writes a history's event logs through the product's writer and checks that the report counts the
+runs, restores and steps lost as they were, and that every bucket of the measured goodput and the goodput itself
+equal the true time within what the log cannot see: a killed run's last PROGRESS_SECS (pax_autockpt.progress).
+`make test` runs a bounded number of examples; `-m soak` many more.
+"""
+
+import tempfile
+
+from hypothesis import HealthCheck
+from hypothesis import given
+from hypothesis import settings
+import pytest
+
+from pax_autockpt.tools import report
+from pax_autockpt.tools.report import measured
+from tests import report_histories
+
+_FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_SOAK = settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _check(history: report_histories.History) -> None:
+  with tempfile.TemporaryDirectory(dir='/dev/shm') as job:
+    sim = report_histories.write(history, job)
+    truth = report_histories.truth(sim)
+    r = report.load(job)
+  assert r.restored_steps == truth.restored
+  assert [x.trained for x in r.restart_details] == truth.trained[1:]
+  lost = [(x.steps_lost, x.lower_bound) for x in r.restart_details if x.trained]
+  assert [killed for _, killed in lost] == [killed for _, killed in truth.steps_lost]
+  for (got, killed), (want, _) in zip(lost, truth.steps_lost):
+    assert got <= want if killed else got == want
+  m = measured.measure(r)
+  tol = truth.tolerance_s
+  assert m.wall_s == pytest.approx(truth.wall_s, abs=tol)
+  assert m.seconds == pytest.approx(truth.seconds, abs=tol), f'tolerance {tol:.3f} s'
+  assert m.goodput == pytest.approx(truth.seconds['productive_training'] / truth.wall_s, abs=2 * tol / truth.wall_s)
+
+
+@_FAST
+@given(report_histories.histories())
+def test_the_report_tells_each_random_history_as_it_happened(history):
+  _check(history)
+
+
+@pytest.mark.soak
+@_SOAK
+@given(report_histories.histories(max_runs=8))
+def test_soak_the_report_against_many_more_histories(history):
+  _check(history)
