@@ -141,7 +141,9 @@ class JobDirectorySaves:
     """Whether the save policy asks for a save of `step`: the same answer on every host."""
     if self._save_policy is None:
       return self._pax_manager.should_save(step)  # Pax's interval: the same on every host
-    latest = self.latest_step()
+    # As orbax's should_save: only after the latest step, the one in flight included (Pax's manager
+    # lists it only once the background thread has handed it to orbax).
+    latest = max((s for s in (self.latest_step(), self.background.saving_step) if s is not None), default=None)
     if latest is not None and step <= latest:
       return False
 
