@@ -62,6 +62,7 @@ class AutockptCheckpointer:
     notices.watch(settings.notices, self._notices.announce)
     self.last_step: int | None = inner.step_to_restore
     self._first_iteration = True
+    self.before_first_step: Callable[[int, Any], None] | None = None  # owed eval/decode (the executor's)
     self._first_step_due = True  # until the loop's second iteration: this run's first step is done
     self.on_step: Callable[[int], None] | None = None  # each iteration, before its step (goodput recording)
     self._progress = progress.ProgressMarks(events)
@@ -190,6 +191,8 @@ class AutockptCheckpointer:
       self._first_iteration = False
       if self._exit_after_ondemand and self._preemption.signalled_before_training(step_i):
         self._exit.before_training(step_i, state)
+      if self.before_first_step is not None:  # the eval or decode the previous run's exit cut at the last step
+        self.before_first_step(step_i, partitioned_train_state)
     notice = self._notices.due(self._preemption.iteration)
     if self._preemption.check(step_i) and not self._exit.taken:  # (taken: saved at an eval batch, training on)
       self._exit.on_preemption(step_i, state)

@@ -33,6 +33,7 @@ Every key family (name: prefix — written by; read by; deleted):
   SET_ASIDE              autockpt/set-aside/<step>        reports (restore: a damaged checkpoint set aside)
   LINEAGE_IDS            autockpt/lineage/ids             reports (local.lineage: the job's and the run's ids)
   EXIT_PLAN, EXIT_REPLAN autockpt/exit-plan/<step>, autockpt/exit-replan/<step>  reports (exit_path)
+  OWED_WORK              autockpt/owed-work               reports (executor: host 0's answer, owed_work)
 
 Reports (agreement.reports, each key used once): <key>/host/<host> every host's finding, <key>/outcome the
 first host's verdict (ok or a timeout), both read by every host and never deleted; <key>/progress/<host>/<n>
@@ -59,6 +60,7 @@ SET_ASIDE = 'autockpt/set-aside/'
 LINEAGE_IDS = 'autockpt/lineage/ids'
 EXIT_PLAN = 'autockpt/exit-plan/'
 EXIT_REPLAN = 'autockpt/exit-replan/'
+OWED_WORK = 'autockpt/owed-work'
 
 
 def client() -> Any:

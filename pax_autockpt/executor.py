@@ -11,14 +11,17 @@ from absl import logging
 import jax
 from paxml import executors
 
+from pax_autockpt import agreement
 from pax_autockpt import checkpointer as checkpointer_lib
 from pax_autockpt import console
+from pax_autockpt import coordination
 from pax_autockpt import events as events_lib
 from pax_autockpt import failures
 from pax_autockpt import goodput_recording
 from pax_autockpt import internals
 from pax_autockpt import layout
 from pax_autockpt import metrics as metrics_lib
+from pax_autockpt import owed_work
 from pax_autockpt import settings as settings_lib
 from pax_autockpt import signals
 from pax_autockpt import startup_times
@@ -71,6 +74,23 @@ class AutockptExecutor(executors.DefaultExecutor):
                        restored_step=wrapped.step_to_restore, restored_from=wrapped.restored_from,
                        **({} if wrapped.restore_s is None else {'restore_s': round(wrapped.restore_s, 6)}),
                        **startup_times.start_fields(), **wrapped.verified)
+    self._owe_cut_programs(wrapped, job_log_dir, jax_task.train.num_train_steps)
+
+  def _owe_cut_programs(self, wrapped: checkpointer_lib.AutockptCheckpointer, job_log_dir, num_train_steps: int
+                        ) -> None:
+    """A restart at the last step after an exit that cut its eval or decode short runs them before the loop
+    ends (pax_autockpt.owed_work): host 0 reads its event log, every host follows its answer."""
+    mine = None
+    if jax.process_index() == 0:
+      try:
+        mine = ','.join(owed_work.owed(events_lib.read(job_log_dir, 0), wrapped.step_to_restore, num_train_steps))
+      except events_lib.EventLogUnreadable as e:
+        logging.warning('[autockpt] the event log could not be read (%s): no owed eval or decode is run.', e)
+    owed = agreement.first_report(coordination.OWED_WORK, jax.process_index(), mine or None)
+    if owed:
+      logging.info('[autockpt] The previous run was stopped in the %s at step %s, the last: running %s first.',
+                   owed.split(',')[0], wrapped.step_to_restore, ' and '.join(owed.split(',')))
+      wrapped.before_first_step = lambda step, state: owed_work.run(self, tuple(owed.split(',')), step, state)
 
   def start(self):
     try:

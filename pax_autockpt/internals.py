@@ -401,7 +401,8 @@ def instrument_programs(train_program: Any, eval_programs: Any, decode_programs:
                                                                                   'decode_step')):
     for program in programs_of_kind or ():
       _wrap(program, 'run', before=lambda *_, k=kind: phases.enter(k), after=lambda *_: phases.enter('loop'))
-      _wrap(program, step_fn, before=lambda *_, k=kind: phases.point(k))
+      if hasattr(program, step_fn):  # stock paxml needs only `run` of a custom program: no batches to stop at
+        _wrap(program, step_fn, before=lambda *_, k=kind: phases.point(k))
 
 
 def _wrap(obj: Any, name: str, before: Callable[..., None], after: Callable[..., None] | None = None) -> None:

@@ -96,7 +96,8 @@ def test_sigterm_mid_eval_then_with_the_input_blocked_then_mid_decode(jobs, tmp_
      exit 143.
   3. The same model with a decode program (`--decode_during_train`, 4,000 paced batches at the last step, 150),
      input unstuck: it trains on from 119 (the eval owed at 100 is not run again); a SIGTERM a few batches into
-     the decode ends it at the next batch, no decoder outputs are written for step 150, 150 commits, exit 143."""
+     the decode ends it at the next batch, no decoder outputs are written for step 150, 150 commits, exit 143.
+  4. The same command resumes at the last step and runs the decode the exit cut, then exits 0."""
   job_dir = str(tmp_path / 'job')
   first, took, found = _cut_short(jobs, EVAL, job_dir, '--eval_on_test', tmp_path / 'run1.log', 'eval',
                                   r'Finished eval step 3 for', 100, EVAL_SLEEP_S=PACED)
@@ -121,3 +122,10 @@ def test_sigterm_mid_eval_then_with_the_input_blocked_then_mid_decode(jobs, tmp_
   assert (start['restored_step'], start['restored_from']) == (119, 'job_dir')
   assert not list((tmp_path / 'job' / 'decoder_out').glob('*/decoder_out_150*'))
   print(f'SIGTERM mid-decode -> exit {took:.2f} s, stopped before decode batch {found["batch"]}')
+
+  # 4. The same command again: 150 is the last step, so no later interval would ever run the decode the exit cut;
+  # the restart runs it (unpaced), then exits 0 (the previous main exited 0 at once, no decoder outputs for 150).
+  owed = _job(jobs, process.ours_argv(DECODE, job_dir, '--decode_during_train'), tmp_path / 'run4.log')
+  assert owed.wait(300) == 0, owed.log()[-3000:]
+  assert 'stopped in the decode at step 150, the last: running decode first' in owed.log()
+  assert list((tmp_path / 'job' / 'decoder_out').glob('*/decoder_out_150*'))
