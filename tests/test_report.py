@@ -587,6 +587,10 @@ def _artists(ax):
 
 
 def test_plot_numbers_runs_from_1_marks_each_ending_where_it_happened_and_draws_local_commits(tmp_path):
+  """Issue 61's plot, on the tutorial's story: the kill where run 2's log ends (26 s, step 400), the local step 575
+  run 3 restored where run 3 begins (30 s), not on run 2; the on-demand save of 300 drawn above the exit 143 at the
+  same place; each gap between runs shaded and its length written; the local tier's cadence the event log's."""
+  from pax_autockpt.local import saving  # pylint: disable=g-import-not-at-top
   from pax_autockpt.tools.report import timeline  # pylint: disable=g-import-not-at-top
   ax = timeline.figure(report.load(tutorial_story(tmp_path))).axes[0]
   legend = [t.get_text() for t in ax.get_legend().get_texts()]
@@ -594,7 +598,16 @@ def test_plot_numbers_runs_from_1_marks_each_ending_where_it_happened_and_draws_
       'run 1 (fresh)', 'run 2 (from step 300)', 'run 3 (from local step 575)']
   got = _artists(ax)
   assert got['exit 143 (saved on a signal)'] == [(15.5, 300)] and got['exit 0 (finished)'] == [(47.0, 800)]
-  # The kill: at run 2's last event (the commit of 400, at 26 s), at the step run 3 restored; not on a save dot.
-  assert got['killed: no exit event (at its last event)'] == [(26.0, 575)]
-  assert got['local tier: newest committed step (logged once a minute)'] == [(21.0, 301), (31.0, 576), (46.0, 799)]
-  assert (25.0, 400) in got['save: interval']
+  assert got['killed: no exit event (its last event)'] == [(26.0, 400)]
+  assert got['restored: local step'] == [(30.0, 575)] and got["restored: job directory's step"] == [(20.0, 300)]
+  cadence = f'local tier: newest committed step (an event at most every {saving.SUMMARY_SECS:.0f} s)'
+  assert got[cadence] == [(21.0, 301), (31.0, 576), (46.0, 799)]
+  assert (25.0, 400) in got['save: interval'] and (15.0, 300) in got['save: preemption']
+  zorder = {c.get_label(): c.get_zorder() for c in ax.collections}
+  assert zorder['save: preemption'] > zorder['exit 143 (saved on a signal)']
+  assert zorder['save: interval'] > zorder['killed: no exit event (its last event)']
+  spans = sorted((round(p.get_x(), 6), round(p.get_x() + p.get_width(), 6)) for p in ax.patches)
+  assert spans == [(15.5, 20.0), (26.0, 30.0)]  # run 1's exit -> run 2's start; run 2's last event -> run 3's
+  assert [t.get_text() for t in ax.texts] == ['down 4.5 s', 'down 4.0 s']
+
+

@@ -32,3 +32,16 @@ def test_the_sample_names_start_up_once_and_no_goodput_line_contradicts_the_meas
   measured = next(line for line in lines if line.startswith('goodput (measured)'))
   assert measured.count('start-up') == 1 and 'between runs (idle, start-up)' not in measured
   assert not any('not computed' in line for line in lines)
+
+
+def test_the_tutorials_plot_draws_each_restore_where_its_run_begins_and_shades_both_downtimes(tmp_path):
+  """The PNG a newcomer gets from the tutorial: run 3's local step 469 drawn at run 3's start, two gaps shaded."""
+  from pax_autockpt.tools.report import timeline  # pylint: disable=g-import-not-at-top
+  r = report.load(FIXTURE)
+  ax = timeline.figure(r).axes[0]
+  run3 = next(x for x in r.runs if x.index == 2)
+  local = next(c for c in ax.collections if c.get_label() == 'restored: local step')
+  assert [tuple(p) for p in local.get_offsets()] == [(run3.t_start - r.t0, 469)]
+  assert [t.get_text() for t in ax.texts] == ['down 24.3 s', 'down 1.1 min']
+  assert report.run(str(FIXTURE), plot_path=str(tmp_path / 'timeline.png'), out=open(tmp_path / 'out', 'w')) == 0
+  assert (tmp_path / 'timeline.png').read_bytes().startswith(b'\x89PNG\r\n\x1a\n')

@@ -18,6 +18,9 @@ def _fmt_s(seconds: float | None) -> str:
   return f'{seconds / 3600:.1f} h'
 
 
+format_seconds = _fmt_s  # for the plot's labels: the same units as the text
+
+
 def _fmt_num(v: float | None, digits: int = 2) -> str:
   if v is None:
     return 'n/a'

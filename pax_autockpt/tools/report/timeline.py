@@ -9,12 +9,14 @@ from __future__ import annotations
 from etils import epath
 
 from pax_autockpt.tools.report import model
+from pax_autockpt.tools.report import text as text_lib
 
 _REASON_COLOURS = {'interval': 'tab:blue', 'continuous': 'tab:cyan', 'preemption': 'tab:red', 'notice': 'tab:orange',
                    'final': 'tab:green'}
 _RUN_COLOURS = ('tab:purple', 'tab:orange', 'tab:brown', 'tab:pink', 'tab:olive', 'black',
                 'darkgoldenrod', 'slateblue')
 _HOST_STYLES = ('-', '--', ':', '-.')
+LOCAL_EVENT_SECS = 60.0  # pax_autockpt.local.saving.SUMMARY_SECS (a test holds them equal; that module imports jax)
 
 
 class _Legend:
@@ -40,11 +42,11 @@ def _run_label(run: model.Run) -> str:
 
 
 def _plot_runs(ax, r: model.Report, label: _Legend) -> None:
-  """A line per run (colour = run, line style = host); a killed run's line runs on, dotted, to the step it
-  reached (the next run's restore proves it) at the time of its last event, where a cross marks the kill."""
+  """A line per run that trained (colour = run, line style = host); a cross where a killed run's log ends (its
+  last event, at the newest step it logged: what it trained after is the next run's restored step, drawn there)."""
   multi_host = len(r.hosts) > 1
   for run in r.runs:
-    if not run.points:
+    if not run.points or not run.trained:
       continue
     colour = _RUN_COLOURS[run.index % len(_RUN_COLOURS)]
     style = _HOST_STYLES[r.hosts.index(run.host) % len(_HOST_STYLES)] if multi_host else '-'
@@ -52,10 +54,44 @@ def _plot_runs(ax, r: model.Report, label: _Legend) -> None:
     ys = [s for _, s in run.points]
     ax.plot(xs, ys, color=colour, linestyle=style, linewidth=1.5, alpha=0.8, label=label(_run_label(run)))
     if not run.exited:
-      end = (run.t_last - r.t0, run.reached_step if run.reached_step is not None else ys[-1])
-      ax.plot([xs[-1], end[0]], [ys[-1], end[1]], color=colour, linestyle=':', linewidth=1.5, alpha=0.8)
-      ax.scatter([end[0]], [end[1]], marker='x', color='grey', s=60, zorder=7,
-                 label=label('killed: no exit event (at its last event)'))
+      # Below the save dots (its log often ends with a save of that step), its arms wider than a dot.
+      ax.scatter([run.t_last - r.t0], [max(ys)], marker='x', color='black', s=110, linewidths=1.5, zorder=6,
+                 label=label('killed: no exit event (its last event)'))
+    if run.index > 0 and run.restored_step is not None and run.t_start is not None:
+      local = run.restored_from == 'local'
+      ax.scatter([run.t_start - r.t0], [run.restored_step], marker='>', s=70, zorder=4, edgecolors='black',
+                 color='tab:olive' if local else 'tab:blue',
+                 label=label('restored: local step' if local else 'restored: job directory\'s step'))
+
+
+def _downtimes(r: model.Report) -> list[tuple[float, float | None, float]]:
+  """Host 0's (else the lowest host's) gaps between runs that trained: (a run's end, the next process's start if
+  recorded, the next run's first step, else its `start`), in seconds since the first event."""
+  host = 0 if 0 in r.hosts else min(r.hosts)
+  runs = sorted((x for x in r.runs if x.host == host and x.trained), key=lambda x: x.index)
+  out = []
+  for a, b in zip(runs, runs[1:]):
+    resume = b.t_first_step if b.t_first_step is not None else b.t_start
+    if resume is None:
+      continue
+    end = a.t_exit if a.exited and a.t_exit is not None else a.t_last
+    began = None if b.process_start_t is None else min(max(b.process_start_t, end), resume) - r.t0
+    out.append((end - r.t0, began, resume - r.t0))
+  return out
+
+
+def _plot_downtime(ax, r: model.Report, label: _Legend) -> None:
+  """Each gap between runs shaded, the downtime the product exists to shrink, its length written above it: darker
+  until the next process started (the scheduler's part, and restarts that ended before training, whose exits are
+  marked in it), where its start is recorded."""
+  for end, began, resume in _downtimes(r):
+    if began is not None and began > end:
+      ax.axvspan(end, began, color='tab:gray', alpha=0.35, lw=0, zorder=0,
+                 label=label('down: until the next process started'))
+    ax.axvspan(end if began is None else began, resume, color='tab:gray', alpha=0.15, lw=0, zorder=0,
+               label=label('down: start-up, restore, first step' if began is not None else 'down between runs'))
+    ax.text((end + resume) / 2, 0.98, f'down {text_lib.format_seconds(resume - end)}', ha='center', va='top',
+            transform=ax.get_xaxis_transform(), fontsize='small', color='dimgray')
 
 
 def _plot_saves(ax, r: model.Report, label: _Legend) -> None:
@@ -67,8 +103,9 @@ def _plot_saves(ax, r: model.Report, label: _Legend) -> None:
              for s in r.saves if s.reason == reason and s.committed == committed]
       if not pts:
         continue
-      ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker='o', s=28, zorder=6,
-                 edgecolors=colour, facecolors=colour if committed else 'none',
+      ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker='o', s=28, zorder=7,  # above an exit's cross
+                 edgecolors='black' if committed else colour, linewidths=0.6,
+                 facecolors=colour if committed else 'none',
                  label=label(f'save: {reason}' + ('' if committed else ' (not committed)')))
 
 
@@ -93,7 +130,8 @@ def _plot_exits(ax, r: model.Report, label: _Legend) -> None:
     step = run.exit_step if run.exit_step is not None else (run.max_step or 0)
     code = '?' if run.exit_code is None else run.exit_code
     colour, text = _EXIT_MARKS.get(run.exit_code, ('black', f'exit {code}'))
-    ax.scatter([run.t_exit - r.t0], [step], marker='X', color=colour, s=80, zorder=7, label=label(text))
+    # Large and below the save dots: the on-demand save of the same step, a moment before, stays visible on it.
+    ax.scatter([run.t_exit - r.t0], [step], marker='X', color=colour, s=160, alpha=0.55, zorder=6, label=label(text))
 
 
 def _plot_local(ax, r: model.Report, label: _Legend) -> None:
@@ -102,7 +140,8 @@ def _plot_local(ax, r: model.Report, label: _Legend) -> None:
   if r.local is None or not r.local.points:
     return
   ax.scatter([t - r.t0 for t, _ in r.local.points], [s for _, s in r.local.points], marker='d', s=22,
-             color='tab:olive', zorder=5, label=label('local tier: newest committed step (logged once a minute)'))
+             color='tab:olive', zorder=5,
+             label=label(f'local tier: newest committed step (an event at most every {LOCAL_EVENT_SECS:.0f} s)'))
 
 
 def _title(r: model.Report) -> str:
@@ -119,10 +158,11 @@ def figure(report: model.Report):
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
 
-  fig = Figure(figsize=(10, 5.5), dpi=100)
+  fig = Figure(figsize=(13, 5.5), dpi=100)
   FigureCanvasAgg(fig)
   ax = fig.add_subplot()
   label = _Legend()
+  _plot_downtime(ax, report, label)
   _plot_runs(ax, report, label)
   _plot_saves(ax, report, label)
   _plot_local(ax, report, label)
@@ -132,7 +172,7 @@ def figure(report: model.Report):
   ax.set_ylabel('step')
   ax.grid(True, alpha=0.3)
   if label.used:
-    ax.legend(loc='best', fontsize='small')
+    ax.legend(loc='upper left', bbox_to_anchor=(1.01, 1.0), fontsize='small')  # outside: it hides no mark
   fig.tight_layout()
   return fig
 
