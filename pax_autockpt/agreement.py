@@ -151,37 +151,43 @@ def _beat(client: Any, prefix: str, done: threading.Event) -> None:
       logging.warning('[autockpt] could not publish this host\'s progress: %s', e)
 
 
-def reports(key: str, host: int, report: str | None) -> dict[int, str]:
+def reports(key: str, host: int, report: str | None, within: float | None = None) -> dict[int, str]:
   """Every host passes its own finding (or None) and gets every host's findings back (host -> text),
   the same on every host. For the main thread (before training, or at a step every host saves): it
   meets the other hosts through the coordination service's key-value store, never a device collective. Each
   `key` is used once. The wait lasts while some host not yet there shows progress (`working`); once none
   has for STALL_SECS, every host raises the same `Timeout` (the first to give up settles it), even one that
-  arrives later. No host waits longer than the last report takes to arrive."""
+  arrives later. No host waits longer than the last report takes to arrive. `within` (seconds) bounds the
+  wait besides, progress or not: the exit path's waits end before the grace period does."""
   client, hosts = _service()
   if client is None:
     return {host: report} if report else {}
   client.key_value_set(f'{key}/host/{host}', report or '')
-  found, why = _gather(client, key, hosts)
-  kind, by, line = _settle(client, key, 'ok||' if why is None else f'timeout|{host}|{why}').split('|', 2)
+  end = None if within is None else time.monotonic() + within
+  found, why = _gather(client, key, hosts, end)
+  outcome = 'ok||' if why is None else f'timeout|{host}|{why}'
+  kind, by, line = _settle(client, key, outcome, end).split('|', 2)
   if kind != 'ok':
     raise Timeout(line, int(by))
   found = _listing(client, key) if found is None else found  # another host saw every report first
   return {h: v for h, v in found.items() if v}
 
 
-def _gather(client: Any, key: str, hosts: int) -> tuple[dict[int, str] | None, str | None]:
+def _gather(client: Any, key: str, hosts: int, end: float | None = None
+            ) -> tuple[dict[int, str] | None, str | None]:
   """Every host's report, each awaited in slices while any host shows progress; (None, why) once none has
-  for STALL_SECS. A report already there costs no wait."""
+  for STALL_SECS, or at `end` (time.monotonic()). A report already there costs no wait."""
   found = _listing(client, key)
   progress, still = _progress(client, key), time.monotonic()
   for h in range(hosts):
     while h not in found:
       try:
-        found[h] = client.blocking_key_value_get(f'{key}/host/{h}', max(10, int(_slice_secs() * 1000)))
+        found[h] = client.blocking_key_value_get(f'{key}/host/{h}', _slice_ms(end))
       except Exception as e:  # pylint: disable=broad-except
         if 'DEADLINE_EXCEEDED' not in str(e):
           raise
+        if end is not None and time.monotonic() >= end and (missing := _missing(client, key, hosts)):
+          return None, f'host(s) {missing} did not reach {key} in the time the wait had'
         now = _progress(client, key)
         if now != progress:
           progress, still = now, time.monotonic()
@@ -198,6 +204,17 @@ def _slice_secs() -> float:
   return min(2 * BEAT_SECS, STALL_SECS / 4)
 
 
+def _slice_ms(end: float | None) -> int:
+  """One wait's bound in milliseconds: a slice, no later than `end`."""
+  left = _slice_secs() if end is None else min(_slice_secs(), end - time.monotonic())
+  return max(10, int(left * 1000))
+
+
+def _missing(client: Any, key: str, hosts: int) -> str:
+  """The hosts whose report is not at `key`, as text ('' when none is missing)."""
+  return ', '.join(map(str, sorted(set(range(hosts)) - _listing(client, key).keys())))
+
+
 def _listing(client: Any, key: str) -> dict[int, str]:
   return {int(k.rsplit('/', 1)[-1]): v for k, v in client.key_value_dir_get(f'{key}/host/')}
 
@@ -206,14 +223,15 @@ def _progress(client: Any, key: str) -> frozenset:
   return frozenset(client.key_value_dir_get(f'{key}/progress/'))
 
 
-def _settle(client: Any, key: str, mine: str) -> str:
+def _settle(client: Any, key: str, mine: str, end: float | None = None) -> str:
   """The first outcome any host set at `key` ('ok', or a timeout and its line), the same on every host: a key
   is set once, so a later host's set fails and it reads the first."""
   coordination.claim(client, f'{key}/outcome', mine)  # False: another host settled it first
-  return client.blocking_key_value_get(f'{key}/outcome', _SETTLE_MS)
+  bound = _SETTLE_MS if end is None else max(10, min(_SETTLE_MS, int((end - time.monotonic()) * 1000)))
+  return client.blocking_key_value_get(f'{key}/outcome', bound)
 
 
-def first_report(key: str, host: int, report: str | None) -> str | None:
+def first_report(key: str, host: int, report: str | None, within: float | None = None) -> str | None:
   """The finding of the lowest-numbered host that had one, or None, on every host (see `reports`)."""
-  found = reports(key, host, report)
+  found = reports(key, host, report, within)
   return found[min(found)] if found else None

@@ -23,11 +23,13 @@ import threading
 import time
 from typing import Any, Callable
 
+from absl import logging
 from etils import epath
 import jax
 import numpy as np
 from orbax.checkpoint import type_handlers
 
+from pax_autockpt import failures
 from pax_autockpt import input_position
 from pax_autockpt import internals
 from pax_autockpt import layout
@@ -128,6 +130,9 @@ class BackgroundSaves:
     self._saving: tuple[int, dict[str, Any]] | None = None  # the save the background thread is running
     self._thread: threading.Thread | None = None
     self._launched: tuple[int, float] | None = None  # (step, start) of the save in flight
+    self._settled = threading.Event()  # the newest launched save's commit is done or failed (orbax's own word)
+    self._settled.set()
+    self._committed: dict[int, float] = {}  # step -> launch to commit (s), of each save orbax committed here
     self._before_commit = before_commit
     self.last_save = False  # set by the checkpointer for a save after which no step runs: no copy
     self.uncompressed = False  # set by the checkpointer: the next save writes its array chunks raw
@@ -176,6 +181,7 @@ class BackgroundSaves:
     step, kwargs, uncompressed, nice = self._pending
     self._pending = None
     self._launched = (step, time.time())
+    self._settled.clear()
     self._thread = threading.Thread(target=self._finish, args=(step, kwargs, uncompressed, nice, started, done),
                                     name=f'autockpt-save-{step}', daemon=True)
     self._thread.start()
@@ -191,11 +197,16 @@ class BackgroundSaves:
       with internals.uncompressed_chunks(uncompressed), self._making(step):
         self._orbax_save(step, **kwargs)
         self._manager.wait_until_finished()  # the commit; raises its error and drops the step if it failed
+      self._committed[step] = time.time() - self._launched[1]
     except BaseException as e:  # pylint: disable=broad-except
       error = e
     finally:
       self._saving = None
-    done(step, error)
+      self._settled.set()  # no longer in flight: what `done` does next (host 0: preservation) is not the save
+    try:
+      done(step, error)
+    except Exception as e:  # pylint: disable=broad-except  (storage failing under `done`: one line, no traceback)
+      logging.error('[autockpt] after the save of step %d: %s', step, failures.one_line(e))
 
   def _making(self, step: int) -> Any:
     """On an object store: no directory markers, no repeated questions (internals)."""
@@ -211,7 +222,36 @@ class BackgroundSaves:
 
   @property
   def in_flight(self) -> bool:
+    """The background thread is alive: the save, or what runs after its commit (host 0: the preservation
+    policy's deletes). For "may the next save start"; the exit path asks `uncommitted_step` instead."""
     return self._thread is not None and self._thread.is_alive()
+
+  @property
+  def uncommitted_step(self) -> int | None:
+    """The step of a save launched and neither committed nor failed yet, or None: a save is in flight until its
+    commit, not until its thread ends (host 0's lives on through the preservation after each commit, and the
+    other hosts' do not: a plan that counted the thread would differ between hosts)."""
+    launched = self._launched
+    return launched[0] if launched is not None and not self._settled.is_set() else None
+
+  def uncommitted_for(self) -> float:
+    """Seconds since the uncommitted save (`uncommitted_step`) was launched (0 with none)."""
+    launched = self._launched
+    return time.time() - launched[1] if launched is not None and not self._settled.is_set() else 0.0
+
+  def wait_until_settled(self, timeout: float | None = None) -> bool:
+    """Waits for the save in flight to commit or fail (not for what its thread does after); True once it has."""
+    return self._settled.wait(timeout)
+
+  @property
+  def committed_steps(self) -> list[int]:
+    """The steps whose save orbax committed in this process, oldest first: the commit's own record, for when
+    storage cannot be asked (an outage during the exit)."""
+    return sorted(self._committed)
+
+  def took(self, step: int) -> float | None:
+    """How long `step`'s save took from its launch to its commit (None: it did not commit here)."""
+    return self._committed.get(step)
 
   @property
   def saving_step(self) -> int | None:

@@ -11,6 +11,7 @@ pax_autockpt.saves owns the job directory's saves; this class owns the decisions
 object for the saves it decides on, and for what committed.
 """
 
+import dataclasses
 import os
 import signal
 import sys
@@ -24,6 +25,7 @@ from pax_autockpt import agreement
 from pax_autockpt import console
 from pax_autockpt import coordination
 from pax_autockpt import events as events_lib
+from pax_autockpt import failures
 from pax_autockpt import grace
 from pax_autockpt import layout
 from pax_autockpt import notices
@@ -56,6 +58,7 @@ class ExitPath:
     self._exit_step: int | None = None  # the step whose commit the exit path waits for
     self._phases = phases or phases_lib.LoopPhases()
     self._found: phases_lib.Place | None = None  # where the signal found the main thread, on this host
+    self._arrival: tuple[int, float] | None = None  # the signal this host got, and when
     self._owner_lock = threading.Lock()
     self._owner: int | None = None  # the thread that took the exit (the main thread's, or pax_autockpt.rescue's)
 
@@ -64,14 +67,19 @@ class ExitPath:
     does. A Ctrl-C has no scheduler behind it, so its save is not planned against a deadline (`_deadline`), but a
     person waiting is not kept longer either: a peer that never comes back ends in the watchdog's one line."""
     self._found = self._phases.now()
+    self._arrival = (signum, arrival)
     self._watchdog.arm(grace.Deadline(arrival, self._grace_secs))
 
+  def _received(self) -> tuple[int, float] | None:
+    return self._arrival or signals.received()
+
   def _deadline(self) -> grace.Deadline | None:
-    """At the agreed step: the grace period's end, from this host's own SIGTERM, else from now (a host the
-    signal did not reach learns of it through XLA's agreement, within about a second); None for Ctrl-C."""
+    """At the agreed step, this host's own view of the grace period's end (armed): from its own SIGTERM, else
+    from now, a bound (every host's deadline is at most a grace period after it learned of the signal); None
+    for Ctrl-C. The exit plan then keeps every host to the earliest of the hosts' (`_agreed_exit_plan`)."""
     if self._preemption.signal_name != signal.SIGTERM.name:
       return None
-    got = signals.received()
+    got = self._received()
     if got is not None and got[0] == signal.SIGTERM:
       deadline = grace.Deadline(got[1], self._grace_secs)
     else:
@@ -85,7 +93,7 @@ class ExitPath:
     the signal found here (`during`; where it did not come here, the phase the hosts agreed in), where they
     agreed (`agreed_during`: the loop's checkpointer call, an eval or decode batch, or `rescue`) and how long
     the phase held the exit up (`phase_s`, from the signal to the agreement)."""
-    got = signals.received()
+    got = self._received()
     found = self._found if got else None
     fields = {'signal_at': round(got[1], 6) if got else None,
               'during': found.phase if found else agreed_during, 'agreed_during': agreed_during}
@@ -130,7 +138,7 @@ class ExitPath:
                    'it there before exiting.', unbacked, layout.step_text(self._restorer.local_agreed_newest))
       self.on_preemption(step, state)
     deadline = self._deadline()
-    newest = self._exit_step = self._saves.newest_committed()
+    newest = self._exit_step = self.newest_committed()
     self._events.write('preemption', step=step, signal=self._preemption.signal_name, saved_step=newest,
                        plan='nothing_to_save', **self._signal_fields(deadline, phases_lib.START_UP))
     raise stops.Preempted(step, nothing_trained(newest),
@@ -141,15 +149,16 @@ class ExitPath:
     """At the agreed step (`agreed_during`: where the hosts agreed; `batch`: which batch of an eval or decode
     program they stopped before): plan, save, wait for the commit, raise."""
     self.take_over_or_wait()
-    deadline = self._deadline()
     if not self._exit_after_ondemand:  # Pax trains on after the save; the watchdog exits 143 once it committed
+      self._deadline()
       self._events.write('preemption', step=step, signal=self._preemption.signal_name,
                          **self._signal_fields(None, agreed_during))
       logging.info('[autockpt] Preemption: every host agreed on step %d.', step)
       self._save_unless_committed(step, 'preemption', state)
       self._exit_step = step
       return
-    exit_plan = self._agreed_exit_plan(step, deadline)
+    exit_plan = self._agreed_exit_plan(step)
+    deadline = exit_plan.deadline
     saved = exit_plan.kept_step if exit_plan.action == grace.KEEP_IN_FLIGHT else step
     self._events.write('preemption', step=step, signal=self._preemption.signal_name, saved_step=saved,
                        plan=exit_plan.action, why=exit_plan.why, **self._signal_fields(deadline, agreed_during),
@@ -157,44 +166,85 @@ class ExitPath:
     where = '' if agreed_during == phases_lib.CHECKPOINT else f' ({_PHASE_WORDS.get(agreed_during, agreed_during)})'
     logging.info('[autockpt] Preemption: every host agreed on step %d%s; %s (%s).', step, where,
                  _PLAN_WORDS[exit_plan.action], exit_plan.why)
-    if exit_plan.action == grace.SAVE and deadline is not None and self._background.in_flight:
-      exit_plan = self._replanned(step, deadline)
+    if exit_plan.action == grace.SAVE and deadline is not None and exit_plan.wait_step is not None:
+      exit_plan = self._replanned(step, exit_plan.wait_step, deadline)
       if exit_plan.action != grace.SAVE:
         saved = exit_plan.kept_step
         self._events.write('exit_replanned', step=step, plan=exit_plan.action, saved_step=saved, why=exit_plan.why)
         logging.info('[autockpt] Step %d: %s (%s).', step, _PLAN_WORDS[exit_plan.action], exit_plan.why)
     if exit_plan.action == grace.GIVE_UP:
       raise stops.SaveFailed(step, f'No time left to save step {step} ({exit_plan.why}); the newest committed '
-                                f'checkpoint is {layout.step_text(self._saves.newest_committed())}')
+                                f'checkpoint is {layout.step_text(self.newest_committed())}')
     if exit_plan.action == grace.SAVE:
       self._save_unless_committed(step, 'preemption', state, last=True, deadline=deadline)
     self._exit_once_committed(saved, deadline, agreed=step)
 
-  def _agreed_exit_plan(self, step: int, deadline: grace.Deadline | None) -> grace.ExitPlan:
-    """The primary host's plan, on every host (their saves in flight are of the same step)."""
+  def _agreed_exit_plan(self, step: int) -> grace.ExitPlan:
+    """The primary host's plan, on every host, against the earliest deadline any host published: it carries that
+    deadline, which every host then keeps to (its watchdog too). Its `wait_step` is a save in flight until its
+    commit (not while host 0's thread runs the preservation after it), decided on host 0 alone."""
+    local = self._deadline()
+    published = self._published_deadlines(step, local)
     mine = None
     if self._events.host == 0:
-      latest = self._saves.latest_step()
-      if deadline is None or not self._saves.enabled or (latest is not None and latest >= step):
-        mine = grace.ExitPlan(grace.SAVE, 'no grace period' if deadline is None else 'nothing new to save').encode()
-      else:
-        mine = grace.plan(grace.ExitContext(
-            remaining_s=deadline.remaining(), save_duration_s=self._costs.duration_s,
-            in_flight_step=self._background.saving_step,
-            in_flight_elapsed_s=self._background.saving_for())).encode()
-    return grace.ExitPlan.decode(agreement.first_report(f'{coordination.EXIT_PLAN}{step}', self._events.host, mine))
+      deadline = grace.earliest(published) or local
+      mine = self._plan(step, deadline)
+      if deadline is not None:
+        mine = dataclasses.replace(mine, arrival=deadline.arrival, grace_secs=deadline.grace_secs)
+      mine = mine.encode()
+    exit_plan = grace.ExitPlan.decode(self._first(step, f'{coordination.EXIT_PLAN}{step}', mine, local))
+    if exit_plan.deadline is not None:
+      self._watchdog.arm(exit_plan.deadline)
+    return exit_plan
 
-  def _replanned(self, step: int, deadline: grace.Deadline) -> grace.ExitPlan:
-    """The plan was to save after the save in flight: once that one finished (waited for within the
-    budget), the primary plans again with its measured duration, and every host follows."""
-    in_flight = self._background.saving_step
-    self._background.wait(grace.time_left(deadline))
+  def _published_deadlines(self, step: int, local: grace.Deadline | None) -> list[grace.Deadline]:
+    """Every host's own deadline (a host the SIGTERM reached publishes its arrival; one it did not, nothing).
+    None for Ctrl-C (the agreed signal, the same on every host): no deadline, no exchange."""
+    if local is None:
+      return []
+    mine = local.encode() if local.seen_here else None
+    found = self._exchange(step, f'{coordination.EXIT_PLAN}{step}/deadline', mine, local)
+    return [grace.Deadline.decode(text) for text in found.values()]
+
+  def _plan(self, step: int, deadline: grace.Deadline | None) -> grace.ExitPlan:
+    """Host 0: what fits before `deadline` (pax_autockpt.grace.plan)."""
+    latest = self._saves.latest_step()
+    if deadline is None or not self._saves.enabled or (latest is not None and latest >= step):
+      return grace.ExitPlan(grace.SAVE, 'no grace period' if deadline is None else 'nothing new to save')
+    return grace.plan(grace.ExitContext(
+        remaining_s=deadline.remaining(), save_duration_s=self._costs.duration_s,
+        in_flight_step=self._background.uncommitted_step, in_flight_elapsed_s=self._background.uncommitted_for()))
+
+  def _replanned(self, step: int, in_flight: int, deadline: grace.Deadline) -> grace.ExitPlan:
+    """The plan was to save after the save of `in_flight`: every host waits for its commit (within the budget,
+    whatever its own save's state), then the primary plans again with its measured duration, and every host
+    follows."""
+    self._background.wait_until_settled(grace.time_left(deadline))
     mine = None
     if self._events.host == 0:
-      committed = in_flight if in_flight is not None and layout.is_committed(self._saves.step_dir(in_flight)) else None
+      committed = in_flight if self._is_committed(in_flight) else None
       mine = grace.replan(grace.ExitContext(remaining_s=deadline.remaining(), save_duration_s=self._costs.duration_s),
-                          committed, self._costs.last_duration_s).encode()
-    return grace.ExitPlan.decode(agreement.first_report(f'{coordination.EXIT_REPLAN}{step}', self._events.host, mine))
+                          committed, self._background.took(in_flight) or self._costs.last_duration_s).encode()
+    return grace.ExitPlan.decode(self._first(step, f'{coordination.EXIT_REPLAN}{step}', mine, deadline))
+
+  def _first(self, step: int, key: str, mine: str | None, deadline: grace.Deadline | None) -> str:
+    """The primary host's report at `key` (`_exchange`)."""
+    found = self._exchange(step, key, mine, deadline)
+    if 0 not in found:
+      raise stops.SaveFailed(step, f'Host 0 sent no exit plan at step {step}; the newest committed checkpoint is '
+                                   f'{layout.step_text(self.newest_committed())}')
+    return found[0]
+
+  def _exchange(self, step: int, key: str, mine: str | None, deadline: grace.Deadline | None) -> dict[int, str]:
+    """One exchange of the exit's agreement (pax_autockpt.agreement.reports), no longer than the grace period
+    allows: a host that does not come in time, or a coordination service that fails, ends the exit in one
+    line and exit 1 (never a traceback, never a wait past the deadline)."""
+    try:
+      return agreement.reports(key, self._events.host, mine, within=grace.time_left(deadline))
+    except Exception as e:  # pylint: disable=broad-except  (agreement.Timeout: the same line on every host)
+      raise stops.SaveFailed(step, f'The hosts did not agree on the exit at step {step} ({failures.one_line(e)}); '
+                                   f'the newest committed checkpoint is {layout.step_text(self.newest_committed())}'
+                             ) from e
 
   def on_notice(self, step: int, notice: notices.Notice, state: dict[str, Any]) -> None:
     """A maintenance or preemption notice (any host's): every host saves this step; training goes on
@@ -230,14 +280,41 @@ class ExitPath:
     self._exit_step = step
     finished = self._background.wait(grace.time_left(deadline))
     agreed = step if agreed is None else agreed
-    if self._saves.enabled and not layout.is_committed(self._saves.step_dir(step)):
+    if self._saves.enabled and not self._is_committed(step):
       why = 'did not commit within the grace period' if not finished else 'failed to commit'
       raise stops.SaveFailed(agreed, f'On-demand checkpoint of step {step} {why}; the newest committed '
-                                f'checkpoint is {layout.step_text(self._saves.newest_committed())}')
+                                f'checkpoint is {layout.step_text(self.newest_committed())}')
     self._preserve_before_exit(deadline)
     what = (f'On-demand checkpoint of step {step} committed' if step == agreed else
             f'Checkpoint of step {step} committed (no time to save step {agreed} as well)')
     raise stops.Preempted(agreed, what, signal=self._preemption.signal_name)
+
+  def _is_committed(self, step: int) -> bool:
+    """Whether `step` is committed on storage; when storage does not answer (an outage: on gs:// `exists()`
+    raises on anything but NotFound), the commit's own record in this process (orbax said it committed)."""
+    try:
+      return layout.is_committed(self._saves.step_dir(step))
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning('[autockpt] Storage did not say whether step %d is committed (%s): this process\'s record of '
+                      'its commit answers instead.', step, failures.one_line(e))
+      return step in self._background.committed_steps
+
+  def _known_committed(self) -> list[int]:
+    """The committed steps this process knows of without asking storage: its own commits, and the step it
+    restored (not a local step the job directory lacks)."""
+    restored = self._restored_step() if self._restorer.unbacked_step is None else None
+    return sorted({s for s in (*self._saves.committed_this_run, *self._background.committed_steps, restored)
+                   if s is not None})
+
+  def newest_committed(self) -> int | None:
+    """The job directory's newest committed step for the exit's lines; when storage does not answer, the
+    newest this process knows of (`_known_committed`), so that an outage still ends in one line."""
+    try:
+      return self._saves.newest_committed()
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning('[autockpt] Storage did not list the job directory (%s): naming the newest checkpoint this '
+                      'process knows of.', failures.one_line(e))
+      return max(self._known_committed(), default=None)
 
   def _preserve_before_exit(self, deadline: grace.Deadline | None) -> None:
     """The preservation policy once more, after the exit's commit: after the signal every commit skipped it, so
@@ -246,13 +323,19 @@ class ExitPath:
     if not self._saves.applies_preservation:
       return
     left = grace.time_left(deadline)
-    worker = threading.Thread(target=self._saves.preserve, name='autockpt-exit-preservation', daemon=True)
+    worker = threading.Thread(target=self._preserve, name='autockpt-exit-preservation', daemon=True)
     worker.start()
     worker.join(PRESERVE_SECS if left is None else left)
     if worker.is_alive():
       logging.warning('[autockpt] The preservation policy\'s deletes did not finish before the exit (%s): the job '
                       'directory may hold more checkpoints than it allows until the next run\'s first commit.',
                       'no time left in the grace period' if left is not None else f'{PRESERVE_SECS:g} s')
+
+  def _preserve(self) -> None:
+    try:
+      self._saves.preserve()
+    except Exception as e:  # pylint: disable=broad-except  (storage failing: one line, the next run's commit retries)
+      logging.warning('[autockpt] The preservation policy did not run before the exit: %s', failures.one_line(e))
 
   def _out_of_time(self, deadline: grace.Deadline) -> None:
     """The watchdog, `grace.WATCHDOG_LEAD_SECS` before the deadline, with the process still alive (a wait
@@ -261,8 +344,7 @@ class ExitPath:
     write may fail): the process ends whatever they do."""
     code = 1
     try:
-      restored = self._restored_step() if self._restorer.unbacked_step is None else None  # a local step is not
-      known = [s for s in (*self._saves.committed_this_run, restored) if s is not None]  # no storage call
+      known = self._known_committed()  # no storage call
       code = self._signal_code() if self._exit_step is not None and self._exit_step in known else 1
       message = (f'[autockpt] The grace period of {deadline.grace_secs:g} s ends in {grace.WATCHDOG_LEAD_SECS:g} s: '
                  f'exiting {code} now; the newest committed checkpoint is {max(known, default=None)}'

@@ -26,8 +26,10 @@ GIVE_UP = 'give_up'  # no save in flight and no time for one: exit 1 at once, na
 
 @dataclasses.dataclass(frozen=True)
 class Deadline:
-  """When the scheduler kills this process: the signal's arrival plus the grace period. A host that did not
-  get the signal itself counts from when it learned of the agreement (XLA's notifier tells it within ~1 s)."""
+  """When the scheduler kills a host: the signal's arrival plus the grace period (CONTRACT §4). At the agreed
+  step every host publishes its own, and every host's exit follows the earliest (`earliest`): a host the
+  signal did not reach, or reached later, would otherwise plan a save the signalled host's watchdog cuts off.
+  `seen_here`: this host got that signal itself."""
 
   arrival: float
   grace_secs: float
@@ -39,6 +41,19 @@ class Deadline:
 
   def remaining(self, now: float | None = None) -> float:
     return self.at - (time.time() if now is None else now)
+
+  def encode(self) -> str:
+    """For the other hosts: when the signal came here (unix time) and this host's grace period."""
+    return json.dumps({'arrival': self.arrival, 'grace_secs': self.grace_secs})
+
+  @classmethod
+  def decode(cls, text: str, seen_here: bool = False) -> 'Deadline':
+    return cls(seen_here=seen_here, **json.loads(text))
+
+
+def earliest(deadlines: list[Deadline]) -> Deadline | None:
+  """The deadline every host's exit keeps to: the first any host's scheduler enforces (None: no host had one)."""
+  return min(deadlines, key=lambda d: d.at, default=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,9 +68,20 @@ class ExitContext:
 
 @dataclasses.dataclass(frozen=True)
 class ExitPlan:
+  """The primary host's decision, which every host follows. `wait_step`: SAVE after the save of that step, in
+  flight: every host waits for its commit, then joins the re-plan (`replan`) whatever its own save's state.
+  `arrival`, `grace_secs`: the deadline every host keeps to (`earliest` of the hosts' own), None for Ctrl-C."""
+
   action: str  # SAVE, KEEP_IN_FLIGHT or GIVE_UP
   why: str
   kept_step: int | None = None  # KEEP_IN_FLIGHT: the step of the save in flight
+  wait_step: int | None = None
+  arrival: float | None = None
+  grace_secs: float | None = None
+
+  @property
+  def deadline(self) -> Deadline | None:
+    return None if self.arrival is None else Deadline(self.arrival, self.grace_secs, seen_here=False)
 
   def encode(self) -> str:
     """For the other hosts (the coordination service's key-value store holds text)."""
@@ -71,13 +97,13 @@ def plan(ctx: ExitContext) -> ExitPlan:
   left, with the margins; else KEEP_IN_FLIGHT when a save is in flight; else GIVE_UP. With no save measured
   yet there is nothing to project from: SAVE, bounded by the deadline like every wait on the exit path."""
   if ctx.save_duration_s is None:
-    return ExitPlan(SAVE, 'no save of this job measured yet')
+    return ExitPlan(SAVE, 'no save of this job measured yet', wait_step=ctx.in_flight_step)
   projected = ctx.save_duration_s * MARGIN_FACTOR
   in_flight_left = max(0.0, projected - ctx.in_flight_elapsed_s) if ctx.in_flight_step is not None else 0.0
   needed = in_flight_left + projected + MARGIN_SECS
   budget = f'{ctx.remaining_s:.1f} s left of the grace period, a save takes ~{ctx.save_duration_s:.1f} s'
   if needed <= ctx.remaining_s:
-    return ExitPlan(SAVE, budget)
+    return ExitPlan(SAVE, budget, wait_step=ctx.in_flight_step)
   if ctx.in_flight_step is not None:
     return ExitPlan(KEEP_IN_FLIGHT, f'{budget}: no time for a new save after the one of step '
                     f'{ctx.in_flight_step} in flight', kept_step=ctx.in_flight_step)
