@@ -443,3 +443,11 @@ def test_a_rollback_on_a_line_beside_a_set_aside_checkpoint_keeps_the_checkpoint
   job directory's 1 is what the rollback keeps, whatever newer checkpoint another line set aside."""
   _replay(1, ('restart', {}), ('train', {'steps': 2}), ('sigterm', {}), ('set_aside', {}), ('restart', {}),
           ('sigterm', {}), ('restart', {}), ('sigterm', {}), ('rollback', {}))
+
+
+def test_a_checkpoint_retrained_by_a_tool_then_set_aside_is_still_another_save():
+  """Found by the soak: local step 1, checkpoint 2 saved on SIGTERM, a tool retrains 2 in place, the restore sets
+  the new 2 aside as damaged: the save id is read from the set-aside checkpoint too, and local step 1 (the
+  line the tool's retrain replaced) stays refused."""
+  _replay(1, ('restart', {}), ('train', {'steps': 1}), ('local_save', {'killed_after': 1}), ('sigterm', {}),
+          ('tool_retrain', {'own_manifest': False}), ('set_aside', {}))

@@ -149,16 +149,28 @@ def job_state(job_log_dir: epath.PathLike, job: str, host: int, ckpt_dir: epath.
   primary = events_lib.read(job_log_dir, 0)
   if saves is None:
     saves = lineage_lib.committed_saves(primary if host == 0 else events_lib.read(job_log_dir, host))
-  own = {s: _own_id(ckpt, s, primary) for s in committed}
+  paths = {**_aside_paths(job_log_dir, ckpt), **{s: layout.step_dir(ckpt, s) for s in committed}}
+  own = {s: _own_id(path, s, primary) for s, path in paths.items()}
   gone = lineage_lib.rolled_back(saves, lineage_lib.policy_deleted(primary), committed + aside, own)
   return JobState(job, committed, aside, frozenset(saves), saves, own, gone)
 
 
-def _own_id(ckpt: epath.Path, step: int, primary: list[dict[str, Any]]) -> str | None:
-  """The save id checkpoint `step` records in its manifest; '' (no save's id) where it records none but the
-  newest commit of that step in host 0's log wrote one (a manifest and an id): the checkpoint was replaced
-  since (edited in place, retrained by a tool); None where nothing is known."""
-  found = manifest_lib.save_id(layout.step_dir(ckpt, step))
+def _aside_paths(job_log_dir: epath.PathLike, ckpt: epath.Path) -> dict[int, epath.Path]:
+  """Where each set-aside checkpoint is now (marked in place, or moved aside: the newest move of a step)."""
+  found = {s: layout.step_dir(ckpt, s) for s in layout.marked_unrestorable_steps(ckpt)}
+  aside = layout.unrestorable_dir(job_log_dir)
+  for path in sorted(aside.iterdir()) if aside.is_dir() else []:
+    step = layout.step_of(path.name.split('.', 1)[0])
+    if step is not None:
+      found[step] = path
+  return found
+
+
+def _own_id(path: epath.Path, step: int, primary: list[dict[str, Any]]) -> str | None:
+  """The save id the checkpoint at `path` (of `step`) records in its manifest; '' (no save's id) where it
+  records none but the newest commit of that step in host 0's log wrote one (a manifest and an id): the
+  checkpoint was replaced since (edited in place, retrained by a tool); None where nothing is known."""
+  found = manifest_lib.save_id(path)
   if found is not None:
     return found
   commits = [e for e in primary if e.get('event') == 'save_committed' and e.get('step') == step]
