@@ -8,6 +8,7 @@ from typing import Any, Callable
 from etils import epath
 import jax
 
+from pax_autockpt import compile_on_exit
 from pax_autockpt import coordination
 from pax_autockpt import events as events_lib
 from pax_autockpt import exit_path
@@ -89,10 +90,10 @@ class AutockptCheckpointer:
         restorer=self._restorer, phases=self.phases)
     signals.on_first_signal(self._exit.signal_arrived)
     self._notice_action = settings.notice_action
-    self._startup = self._exits_outside_the_loop(settings, exit_after_ondemand_checkpoint, end)
+    self._startup = self._exits_outside_the_loop(settings, exit_after_ondemand_checkpoint, end, past)
 
   def _exits_outside_the_loop(self, settings: settings_lib.Settings, exit_after_ondemand: bool,
-                              end: Callable[[stops.StopTraining], None] | None
+                              end: Callable[[stops.StopTraining], None] | None, past: list[dict[str, Any]]
                               ) -> startup_exit.StartupExit | None:
     """The exits a signal may take away from the loop's agreement points: pax_autockpt.rescue's (one host, a
     main thread held elsewhere) and pax_autockpt.startup_exit's (before the first step); returns the latter."""
@@ -105,7 +106,8 @@ class AutockptCheckpointer:
       return None
     return startup_exit.StartupExit(coordination.client(), self._events.host, self._events, settings.exit_code,
                                     settings.grace_secs, self._nothing_to_save_yet, self._newest_known,
-                                    take_over=self._exit.take_over)
+                                    take_over=self._exit.take_over, first_compile=compile_on_exit.FirstCompile(
+                                        self.phases, settings.finish_first_compile, past))
 
   def __getattr__(self, name: str) -> Any:
     return getattr(self._inner, name)
@@ -178,6 +180,7 @@ class AutockptCheckpointer:
   def save_if_needed(self, step_i, partitioned_train_state, train_state_unpadded_shape_dtype_struct=None,
                      train_state_pspecs=None, train_input_pipeline=None):
     self.phases.enter(phases_lib.CHECKPOINT)
+    signals.reconnect()  # the watcher's wakeup fd and handlers back, where a library reset them to nothing
     if self.on_step is not None:
       self.on_step(step_i)
     self._progress.step(step_i)
@@ -218,7 +221,8 @@ class AutockptCheckpointer:
     if self._startup is not None:
       self._startup.first_step_done()
     compiled = self.phases.first_train_s
-    self._events.write('first_step', step=step, **({} if compiled is None else {'compile_s': round(compiled, 6)}))
+    self._events.write('first_step', step=step, **({} if compiled is None else {'compile_s': round(compiled, 6)}),
+                       **compile_on_exit.counts())
 
   def _agreed_elsewhere(self, step: int) -> None:
     """pax_autockpt.rescue saves `step` from its thread: the step every record of this run names."""
