@@ -24,6 +24,7 @@ from absl import logging
 import jax
 from jax import numpy as jnp
 
+from pax_autockpt import compile_on_exit
 from pax_autockpt import layout
 
 AUTO, OFF = 'auto', 'off'
@@ -64,7 +65,9 @@ def use(setting: str, job_log_dir: str, prune: bool = True) -> str | None:
   (JAX reads it once, at its first compile): the directory in use, or None where JAX's own setting (or
   none) applies. A directory that cannot be written costs one warning line and a fresh compile, never the
   run (JAX's own failure would warn at every start, in two lines). `prune`: the host that bounds the default
-  directory (JAX writes entries from process 0 only)."""
+  directory (JAX writes entries from process 0 only). From here on this process counts its compiles and cache loads
+  (pax_autockpt.compile_on_exit: the `first_step` event's)."""
+  compile_on_exit.watch()
   path, ours = directory(setting, job_log_dir)
   if path is None:
     return None

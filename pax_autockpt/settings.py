@@ -242,6 +242,11 @@ class Settings:
                                   "(JOB_LOG_DIR/autockpt/compilation_cache, bounded to 2 GB at each start, unless "
                                   "JAX_COMPILATION_CACHE_DIR or --jax_compilation_cache_dir names one), 'off' (none "
                                   "of ours), or a directory (a path or a gs:// URL)", rule=_compilation_cache)
+  finish_first_compile: str = option('sigterm', "a signal during the first step's compile, nothing trained yet: "
+                                     "'sigterm' lets the compile finish into the compilation cache first where the "
+                                     "grace period holds it (this job's measured compile, x1.5), then exits 143, and a "
+                                     "Ctrl-C exits at once; 'sigterm_and_ctrl_c' does the same for a Ctrl-C (130); "
+                                     "'off' exits at once", rule=_choice('sigterm', 'sigterm_and_ctrl_c', 'off'))
   goodput_run_name: str = option('', "record the job for Google's goodput tools (ml-goodput-measurement's "
                                  "GoodputRecorder, host 0, to Cloud Logging) under this job name: every run of the "
                                  "job uses the same name; '' for none (docs/report.md, \"Recording for Google's "

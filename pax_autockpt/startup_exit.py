@@ -14,6 +14,12 @@ save would keep (a local step the job directory lacks: with a local tier, until 
 `nothing_to_save` says no and the loop's first iteration decides instead (pax_autockpt.checkpointer). An exit
 before the restore ended writes the run's `start` event itself (`before_restore`), so that the event log's
 runs stay whole.
+
+A signal that finds the first step's compile in flight may let it finish into the compilation cache first
+(pax_autockpt.compile_on_exit decides, on the signalled host): the key then says `finish`, with the grace period's
+end; every host's waiting thread owns the exit at once (no rescue saves beside it) and waits, and each host's main
+thread, back at the loop's next checkpointer call with the compile done and cached, ends the process with 143. A
+main thread not back by the deadline less the exit's margins is not waited for.
 """
 
 import atexit
@@ -21,15 +27,18 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Callable
 
 from absl import logging
 import jax
 
+from pax_autockpt import compile_on_exit
 from pax_autockpt import console
 from pax_autockpt import coordination
 from pax_autockpt import events as events_lib
 from pax_autockpt import exit_path
+from pax_autockpt import grace
 from pax_autockpt import signals
 
 _WAIT_MS = 24 * 60 * 60 * 1000  # a waiting thread's bound: the first step completes long before
@@ -42,11 +51,17 @@ class StartupExit:
 
   def __init__(self, client, host: int, events: events_lib.EventLog, exit_code: int, grace_secs: float,
                nothing_to_save: Callable[[], bool], newest: Callable[[], int | None],
-               take_over: Callable[[], bool] = lambda: True):
+               take_over: Callable[[], bool] = lambda: True,
+               first_compile: compile_on_exit.FirstCompile | None = None):
     """`take_over()`: the exit path's (pax_autockpt.exit_path.ExitPath.take_over): False when the main thread
-    took the exit first (its loop's first iteration saw the same signal): then it ends the process, not this."""
+    took the exit first (its loop's first iteration saw the same signal): then it ends the process, not this.
+    `first_compile`: whether a compile in flight may finish first (None: never)."""
     self._client, self._host, self._events = client, host, events
-    self._take_over = take_over
+    self._take_over, self._first_compile = take_over, first_compile
+    self._owned = False  # one of this object's threads took the exit (the owner is a thread to the exit path)
+    self._own_lock = threading.Lock()
+    self._finishing: str | None = None  # one process: the `finish` decision its main thread acts on
+    self._arrived = threading.Event()  # the main thread came back with the compile done
     self._exit_code, self._grace_secs = exit_code, grace_secs
     self._nothing_to_save, self._newest = nothing_to_save, newest
     self._lock = threading.Lock()
@@ -71,28 +86,74 @@ class StartupExit:
 
   def first_step_done(self) -> None:
     """Main thread, at the loop's second iteration: from now on a signal takes the ordinary path. Where a
-    host claimed the key for `exit` first, this host ends with the others."""
+    host claimed the key for `exit` first, this host ends with the others; for `finish`, the compile it waited
+    for is done (and cached): this thread ends the process."""
     with self._lock:
-      if self._done:
+      finishing = self._finishing
+      if self._done and finishing is None:
         return
       self._done = True
-    if self._client is None:
-      return
-    if not self._claim('trained') and self._read().startswith('exit'):
-      self._exit(self._read())
+    value = finishing
+    if value is None and self._client is not None and not self._claim('trained'):
+      value = self._read()
+    if value is not None and value.startswith('finish'):
+      self._arrived.set()
+      self._exit(value, finished=True)
+    elif value is not None and value.startswith('exit'):
+      self._exit(value)
 
   def _signalled(self, signum: int, arrival: float) -> None:
-    """In the thread that recorded the signal: claim `exit` where nothing needs saving."""
-    del arrival
+    """In the thread that recorded the signal: claim `exit` (or `finish`) where nothing needs saving."""
     with self._lock:
       if self._done or not self._nothing_to_save():
         return
+      value = self._decision(signum, arrival)
       self._done = self._client is None
-    value = f'exit|{signals.name(signum)}|{self._host}'
+      if self._client is None and value.startswith('finish'):
+        self._finishing = value
     if self._client is None:
-      self._exit(value)
+      self._act(value)
     else:
       self._claim(value)  # every host's waiting thread, this one's too, acts on what was written first
+
+  def _decision(self, signum: int, arrival: float) -> str:
+    """`exit|SIGNAL|host|why the compile in flight is dropped` or `finish|SIGNAL|host|the deadline` (no I/O)."""
+    now = time.time()
+    decided = (self._first_compile.decide(signum, arrival, self._grace_secs, now) if self._first_compile
+               else compile_on_exit.Decision(False, ''))
+    head = f'{signals.name(signum)}|{self._host}'
+    if decided.finish:
+      return f'finish|{head}|{arrival + self._grace_secs:.3f}'
+    dropped = f'the first compile in flight ({decided.compiling_for_s:.1f} s in) is dropped: {decided.note}'
+    return f'exit|{head}|{dropped if decided.note else ""}'
+
+  def _act(self, value: str) -> None:
+    """`exit`: end the process now; `finish`: own the exit and wait for the main thread, in a thread of its own
+    (the signal's thread must not block)."""
+    if value.startswith('exit'):
+      self._exit(value)
+    elif not value.startswith('finish'):
+      return  # `trained`: the ordinary path
+    elif threading.current_thread() is self._thread:
+      self._finish(value)
+    else:
+      threading.Thread(target=self._finish, args=(value,), name='autockpt-first-compile', daemon=True).start()
+
+  def _finish(self, value: str) -> None:
+    """Owns the exit (so that no rescue saves beside the compile) and waits for the main thread to come back
+    with the compile done; at the deadline less the exit's margins, ends the process without it."""
+    if not self._own():
+      return  # the main thread took the exit first: it ends the process
+    deadline = float(value.split('|')[3])
+    if not self._arrived.wait(max(0.0, deadline - time.time() - grace.WATCHDOG_LEAD_SECS - grace.MARGIN_SECS)):
+      self._exit(value, finished=False)
+
+  def _own(self) -> bool:
+    """Whether this object owns the exit, taking it if no one has: any of its threads may then end the process."""
+    with self._own_lock:
+      if not self._owned:
+        self._owned = self._take_over()
+      return self._owned
 
   def _wait(self) -> None:
     """Every host: until the key is written, then act on it (`trained`: nothing to do)."""
@@ -100,8 +161,7 @@ class StartupExit:
       value = self._client.blocking_key_value_get(coordination.STARTUP_EXIT, _WAIT_MS)
     except Exception:  # pylint: disable=broad-except  (the job ends otherwise: nothing to decide)
       return
-    if value.startswith('exit'):
-      self._exit(value)
+    self._act(value)
 
   def _claim(self, value: str) -> bool:
     return coordination.claim(self._client, coordination.STARTUP_EXIT, value)  # False: another host wrote first
@@ -109,19 +169,31 @@ class StartupExit:
   def _read(self) -> str:
     return self._client.blocking_key_value_get(coordination.STARTUP_EXIT, 10_000)
 
-  def _exit(self, value: str) -> None:
+  def _exit(self, value: str, finished: bool | None = None) -> None:
     """The events and the one line, then the process ends (the main thread is in C++ and cannot unwind).
-    Once per process: a second caller (another thread that read the same key) waits for the first's end."""
-    if not self._exiting.acquire(blocking=False) or not self._take_over():
+    Once per process: a second caller (another thread that read the same key) waits for the first's end.
+    `finished`: after a `finish`, whether the compile was done (None: an `exit`)."""
+    if not self._exiting.acquire(blocking=False) or not self._own():
       threading.Event().wait()  # another thread ends the process (and writes the events): one record, not two
-    _, name, host = value.split('|')
+    kind, name, host, *rest = value.split('|', 3)
     code = signals.INTERRUPT_EXIT_CODE if name == signal.SIGINT.name else self._exit_code
+    compile_fields = self._compile_fields(kind, rest[0] if rest else '', finished)
     try:  # whatever the output and storage do (a broken pipe, a full disk, a write that hangs), the process ends
-      console.bounded(lambda: self._record(name, int(host), code), _RECORD_SECS)
+      console.bounded(lambda: self._record(name, int(host), code, compile_fields), _RECORD_SECS)
     finally:
       os._exit(code)  # pylint: disable=protected-access
 
-  def _record(self, name: str, host: int, code: int) -> None:
+  @staticmethod
+  def _compile_fields(kind: str, rest: str, finished: bool | None) -> dict[str, str | float]:
+    """The `preemption` event's `first_compile` (`finished`, `not_finished`, `dropped`), `first_compile_s` (the
+    wait after the signal) and, for a dropped one, `why` (absent: no compile was in flight)."""
+    got = signals.received()
+    waited = round(max(0.0, time.time() - got[1]), 3) if got else 0.0
+    if kind == 'finish':
+      return {'first_compile': 'finished' if finished else 'not_finished', 'first_compile_s': waited}
+    return {'first_compile': 'dropped', 'why': rest} if rest else {}
+
+  def _record(self, name: str, host: int, code: int, compile_fields: dict[str, str | float]) -> None:
     newest = self._newest()
     got = signals.received()
     if 'start' not in self._events.kinds_written:  # the restore did not end: the run stood at the newest step
@@ -129,12 +201,24 @@ class StartupExit:
                          restored_from=None, before_restore=True)
     self._events.write('preemption', step=newest or 0, signal=name, saved_step=newest, plan='nothing_to_save',
                        during='start-up', seen_by=host, signal_at=round(got[1], 6) if got else None,
-                       **({'grace_s': self._grace_secs} if name == signal.SIGTERM.name else {}))
+                       **({'grace_s': self._grace_secs} if name == signal.SIGTERM.name else {}), **compile_fields)
     self._events.write('exit', code=code, step=newest or 0)
     self._events.flush()
-    message = (f'[autockpt] {exit_path.nothing_trained(newest)} ({name}); exiting {code}. (Host {host} had it '
-               'before the first step completed.)')
+    message = (f'[autockpt] {exit_path.nothing_trained(newest)} ({name}){_compile_words(compile_fields)}; exiting '
+               f'{code}. (Host {host} had it before the first step completed.)')
     logging.info(message)
     logging.flush()
     console.write(sys.stderr, 'stderr', message + '\n')
     console.settle()
+
+
+def _compile_words(fields: dict[str, str | float]) -> str:
+  """The exit line's clause on the compile in flight at the signal ('' where there was none)."""
+  how, secs = fields.get('first_compile'), fields.get('first_compile_s', 0.0)
+  if how == 'finished':
+    return (f'; the first compile, in flight at the signal, was let finish ({secs:.1f} s after the signal) and is in '
+            'the compilation cache for the next run')
+  if how == 'not_finished':
+    return (f'; the first compile, in flight at the signal, did not finish within the grace period ({secs:.1f} s '
+            'after the signal): the next run compiles it again')
+  return f'; {fields["why"]}' if how == 'dropped' else ''
