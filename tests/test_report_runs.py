@@ -2,6 +2,7 @@
 restart's, not the killed run's before it. Each case is a history of tests/report_histories.py, written through the
 product's writer, with its true timeline; the property test there generates many more."""
 
+import json
 import os
 import subprocess
 import sys
@@ -127,3 +128,43 @@ def test_weighted_statistics_are_those_of_the_list_they_stand_for(pairs):
   got, want = model.Stats.of_weighted(pairs), model.Stats.of(flat)
   assert (got.n, got.max) == (want.n, want.max)
   assert (got.mean, got.p50, got.p90) == pytest.approx((want.mean, want.p50, want.p90), rel=1e-9, abs=1e-6)
+
+
+_ODD = st.one_of(st.none(), st.booleans(), st.integers(-10**30, 10**30), st.sampled_from([1e300, -1e300, 1e10, 2e6,
+                 -1.0, 0.5, float('inf'), float('nan')]), st.text(max_size=5), st.lists(st.integers(), max_size=3),
+                 st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+_TUTORIAL = os.path.join(os.path.dirname(__file__), 'data', 'tutorial_job_dir', 'autockpt', 'events.host0.jsonl')
+
+
+@hypothesis.settings(max_examples=100, deadline=None)
+@hypothesis.given(st.data())
+def test_one_odd_field_in_any_event_costs_one_figure_never_the_report(tmp_path_factory, data):
+  """The tutorial's real log with one field of one event replaced by an odd value (a huge count, a string, a list,
+  NaN): the report, its JSON and its plot's figure still come out."""
+  from pax_autockpt.tools.report import json_report  # pylint: disable=g-import-not-at-top
+  from pax_autockpt.tools.report import timeline  # pylint: disable=g-import-not-at-top
+  with open(_TUTORIAL) as f:
+    records = [json.loads(line) for line in f]
+  rec = data.draw(st.sampled_from(records))
+  rec[data.draw(st.sampled_from(sorted(set(rec) - {'t', 'event', 'host'}) or ['step']))] = data.draw(_ODD)
+  job = tmp_path_factory.mktemp('job')
+  (job / 'autockpt').mkdir()
+  (job / 'autockpt' / 'events.host0.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
+  r = report.load(job)
+  assert report.format_text(r, mtbf_hours=1.0).startswith('job: ')
+  json.dumps(json_report.as_dict(r, 1.0), allow_nan=False)
+  if data.draw(st.integers(0, 9), label="plot") == 0:  # a tenth: the figure takes ~0.4 s
+    timeline.figure(r)
+
+
+@pytest.mark.parametrize('field', ['blocking_s', 'mtbf_hours'])
+def test_a_negative_time_reads_as_unknown_not_as_a_math_error(tmp_path, field):
+  """Found by the test above: a save's blocking_s of -1 made the Young/Daly optimum's square root fail."""
+  log = events_lib.EventLog(tmp_path, 0)
+  log.write('start', t=1000.0, num_hosts=1, pid=1, restored_step=None, restored_from=None)
+  for i, step in enumerate((100, 200, 300)):
+    fields = {'blocking_s': 0.5, 'interval_s': 10.0, 'mtbf_hours': 1.0, field: -1.0}
+    log.write('save_started', t=1010.0 + 10 * i, step=step, reason='continuous', **fields)
+    log.write('save_committed', t=1011.0 + 10 * i, step=step, duration_s=1.0)
+  log.write('exit', t=1040.0, code=0, step=300)
+  assert 'goodput @ MTBF 1 h: ' in report.format_text(report.load(tmp_path), mtbf_hours=1.0)

@@ -167,11 +167,11 @@ def _run(host: int, index: int, rev: list[_Event]) -> model.Run:
       exited=exit_ev is not None, exit_code=values.integer(exit_rec.get('code')),
       exit_step=exit_step, t_exit=exit_ev.t if exit_ev else None,
       reached_step=exit_step if exit_step is not None else max_step, points=points,
-      restore_s=values.number(start_rec.get('restore_s')),
+      restore_s=values.duration(start_rec.get('restore_s')),
       process_start_t=values.number(start_rec.get('process_start_t')),
-      imported_s=values.number(start_rec.get('imported_s')),
-      distributed_s=values.number(start_rec.get('distributed_s')),
-      t_first_step=first.t if first else None, compile_s=values.number(first.rec.get('compile_s')) if first else None,
+      imported_s=values.duration(start_rec.get('imported_s')),
+      distributed_s=values.duration(start_rec.get('distributed_s')),
+      t_first_step=first.t if first else None, compile_s=values.duration(first.rec.get('compile_s')) if first else None,
       restored_from=events.restored_tier(values.string(start_rec.get('restored_from'))) or
       (events.JOB_DIR if restored is not None else None))  # a start logged before the field: the job directory's
 
@@ -245,9 +245,9 @@ def _save(step: int, started: _Group | None, committed: _Group | None) -> model.
   return model.Save(
       step=step, reason=reason or 'unknown', t=_group_time(started, min),
       t_committed=_group_time(committed, max),
-      blocking_s=values.max_known(values.number(e.rec.get('blocking_s'))
+      blocking_s=values.max_known(values.duration(e.rec.get('blocking_s'))
                                   for e in started.values()),
-      duration_s=values.max_known(values.number(e.rec.get('duration_s'))
+      duration_s=values.max_known(values.duration(e.rec.get('duration_s'))
                                   for e in committed.values()),
       committed=bool(committed), hosts=sorted(set(started) | set(committed)),
       run=_pick(started or committed).run)
@@ -309,10 +309,10 @@ def _per_commit(mine: list[_Event]) -> tuple[list[tuple[float | None, int]], lis
   between them are the intervals.
   """
   weights = [_commits(e) for e in mine]
-  durations = [(values.number(e.rec.get('duration_s')), n) for e, n in zip(mine, weights)]
+  durations = [(values.duration(e.rec.get('duration_s')), n) for e, n in zip(mine, weights)]
   if not any(values.integer(e.rec.get('commits')) is not None for e in mine):
     return [(b.t - a.t, 1) for a, b in zip(mine, mine[1:]) if a.run == b.run], durations
-  return [(values.number(e.rec.get('interval_s')), n) for e, n in zip(mine, weights)], durations
+  return [(values.duration(e.rec.get('interval_s')), n) for e, n in zip(mine, weights)], durations
 
 
 def _commits(e: _Event) -> int:
@@ -342,12 +342,12 @@ def _local_tier(evs: list[_Event], runs: list[model.Run]) -> model.LocalTier | N
 def _adaptive(evs: list[_Event]) -> tuple[float | None, float | None]:
   """The adaptive interval and its MTBF recorded with the job's last continuous save (host 0's when
   it logged any, else the lowest host's)."""
-  found = [e for e in evs if e.name == 'save_started' and values.number(e.rec.get('interval_s')) is not None
-           and values.number(e.rec.get('mtbf_hours')) is not None]
+  found = [e for e in evs if e.name == 'save_started' and values.duration(e.rec.get('interval_s')) is not None
+           and values.duration(e.rec.get('mtbf_hours')) is not None]
   if not found:
     return None, None
   last = max(found, key=lambda e: (-e.host, e.t))
-  return values.number(last.rec['interval_s']), values.number(last.rec['mtbf_hours'])
+  return values.duration(last.rec['interval_s']), values.duration(last.rec['mtbf_hours'])
 
 
 def _save_cost(started: list[model.Save]) -> float | None:

@@ -18,6 +18,13 @@ def number(v: Any) -> float | None:
   return v if math.isfinite(v) else None
 
 
+def duration(v: Any) -> float | None:
+  """A finite number >= 0 as a float, else None: a negative time (a hand-edited log) would make a square root of
+  the Young/Daly optimum fail, and reads as unknown instead."""
+  v = number(v)
+  return v if v is not None and v >= 0 else None
+
+
 def integer(v: Any) -> int | None:
   """An int, or a float with an integral value, as an int, else None (steps may come as 1e3)."""
   if isinstance(v, bool):
