@@ -147,7 +147,7 @@ class AutockptCheckpointer:
         self._lineage.restored(step, self._restorer.local_lineage)
         self._local.restored(step)
       elif self._restorer.restored_from == events_lib.JOB_DIR:
-        self._lineage.restored(step, save=self._commit_ids.get(step, (None,))[-1])  # the save its commit event names
+        self._lineage.restored(step, save=self._restorer.restored_save(step))  # the checkpoint's own id, else its log's
       else:
         self._lineage.restored(None)
     return restored

@@ -174,6 +174,7 @@ class Restorer:
     the ids of those commits (pax_autockpt.local.lineage.committed_saves)."""
     self._local, self._local_job, self._ever_committed = local, local_job, ever_committed
     self._saves = saves or {}
+    self.job_state: restoring.JobState | None = None  # what the last local plan checked lineages against
     self._local_failed = False  # a local read failed: the rest of this restore is the job directory's
     self._after_read: Callable[[], None] | None = None  # a local read's input position, set once all hosts read
     self._local_step: int | None = None  # the local step being restored (Pax's step_to_restore)
@@ -228,6 +229,13 @@ class Restorer:
       if tries == 0 and not self._local_failed:  # a checkpoint was set aside: the freshest copy is decided again
         self._local_step = plan()
 
+  def restored_save(self, step: int) -> str | None:
+    """The save id of the restored job-directory checkpoint `step` (restoring.restored_save: its manifest's
+    first, then the event log's), what this run's local steps grow from."""
+    if self.job_state is None:
+      return self._saves.get(step, (None,))[-1]
+    return restoring.restored_save(self.job_state, step)
+
   @property
   def local_lineage(self) -> Any:
     """The lineage of the restored local step (pax_autockpt.local.lineage.Lineage)."""
@@ -270,7 +278,7 @@ class Restorer:
     try:
       needs = local_format.fingerprint_for(metadata.padded_global_shapes, partitioner.global_mesh,
                                            metadata.partition_specs)
-      job = self._job_state()
+      job = self.job_state = self._job_state()
     except Exception as e:  # pylint: disable=broad-except
       logging.warning('[autockpt] local tier not used for this restore: %s', failures.one_line(e))
       needs, job = '', restoring.JobState(self._local_job, [], [])

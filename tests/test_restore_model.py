@@ -139,8 +139,8 @@ class History(stateful.RuleBasedStateMachine):
       found = local_format.read_index(layout.local_step_dir(self._holder(step, token), step))
       self.run.tracker.restored(step, local_format.lineage_of(found))
     elif step is not None:
-      ids = lineage_lib.committed_saves(events_lib.read(self.disk.job, 0)).get(step, (None,))
-      self.run.tracker.restored(step, save=ids[-1])
+      state = restoring.job_state(self.disk.job, self.job, 0)  # as the restorer (restore.Restorer.restored_save)
+      self.run.tracker.restored(step, save=restoring.restored_save(state, step))
     else:
       self.run.tracker.restored(None)
 
@@ -451,3 +451,12 @@ def test_a_checkpoint_retrained_by_a_tool_then_set_aside_is_still_another_save()
   line the tool's retrain replaced) stays refused."""
   _replay(1, ('restart', {}), ('train', {'steps': 1}), ('local_save', {'killed_after': 1}), ('sigterm', {}),
           ('tool_retrain', {'own_manifest': False}), ('set_aside', {}))
+
+
+def test_a_run_restored_from_a_checkpoint_a_tool_retrained_grows_from_that_checkpoint_not_the_logs_save():
+  """Found by the soak: checkpoint 7 retrained in place by a tool (no id); a run restores it and saves local
+  step 8. Its base is the checkpoint it restored, not the save the log names for 7 (the one the tool
+  replaced): local step 8 is offered."""
+  _replay(1, ('restart', {}), ('train', {'steps': 7}), ('sigterm', {}), ('restart', {}), ('sigterm', {}),
+          ('rollback', {}), ('tool_retrain', {'own_manifest': False}), ('restart', {}), ('train', {'steps': 1}),
+          ('local_save', {'killed_after': 1}), ('sigkill', {'committed': False}))

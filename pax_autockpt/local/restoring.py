@@ -155,6 +155,15 @@ def job_state(job_log_dir: epath.PathLike, job: str, host: int, ckpt_dir: epath.
   return JobState(job, committed, aside, frozenset(saves), saves, own, gone)
 
 
+def restored_save(job: JobState, step: int) -> str | None:
+  """The save id of the job directory's checkpoint `step` that a run restores, what its local steps grow from:
+  the one its manifest records, else its newest commit's in the log; None where it was replaced by a save that
+  records none (a tool's: unknown, judged by its step)."""
+  if job.own.get(step) is not None:
+    return job.own[step] or None
+  return (job.saves.get(step) or (None,))[-1]
+
+
 def _aside_paths(job_log_dir: epath.PathLike, ckpt: epath.Path) -> dict[int, epath.Path]:
   """Where each set-aside checkpoint is now (marked in place, or moved aside: the newest move of a step)."""
   found = {s: layout.step_dir(ckpt, s) for s in layout.marked_unrestorable_steps(ckpt)}
