@@ -111,6 +111,11 @@ def project(remaining_s: float, compiling_for_s: float, compile_s: float | None)
                   f'{remaining_s:.0f} s of the grace period left', compiling_for_s)
 
 
+def cache_on() -> bool:
+  """Whether JAX's persistent compilation cache is set (pax_autockpt.compilation_cache, or the user's own)."""
+  return bool(jax.config.jax_compilation_cache_dir)
+
+
 class FirstCompile:
   """What the start-up exit asks when a signal comes before the first step: finish the compile in flight?"""
 
@@ -124,7 +129,7 @@ class FirstCompile:
     if place.phase != phases_lib.TRAIN or self._phases.first_train_s is not None:
       return Decision(False, '')  # no compile in flight: the exit at once, as ever
     compiling_for = max(0.0, now - place.since)
-    if not jax.config.jax_compilation_cache_dir:
+    if not cache_on():
       return Decision(False, 'no compilation cache keeps it (--autockpt_compilation_cache)', compiling_for)
     if self._setting == OFF or (signum == signal.SIGINT and self._setting != SIGTERM_AND_CTRL_C):
       flag = 'sigterm_and_ctrl_c' if signum == signal.SIGINT else 'sigterm'

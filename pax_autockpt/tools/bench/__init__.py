@@ -42,6 +42,12 @@ trace.py; Tiny only; not in the default set: ~1 h per pass):
 
   python -m pax_autockpt.tools.bench --only goodputtrace_Tiny --pairs 2
 
+goodputtrace_harsh (failures every 1.5-2x the measured restart, of mixed kinds, a SIGTERM in the job's first compile
+first, a SIGKILL with the local directory gone among them; stock, ours with the job directory and with the local tier,
+against undisturbed stock, and the train step's compiles paid and dropped per window; see harsh.py; ~13 min a pass):
+
+  python -m pax_autockpt.tools.bench --only goodputtrace_harsh --pairs 1
+
 launchrestart (2 hosts under `launch --max_restarts`, forked from its standby process vs fresh interpreters: launch
 -> first step, and kill -> first step after the restart) and restartcache_<size> (one host killed and started
 again at once: kill -> first step, the compilation cache on by default vs off vs stock paxml); see restarts.py;
@@ -68,7 +74,7 @@ DEFAULT = ('tiny_local,tiny_gcs0,tiny_gcs30,ondemand_Medium_local,ondemand_Large
            'inflight_Large_gcs30,localtier_Medium_gcs30,localstep,tinyfloor,nice_local,peertransfer_Medium,planscale,'
            'anywhere')
 ON_DEMAND = ('decision_scale,peertransfer_Large,buddystep_Medium,buddyrelaunch_Medium,'  # long: run with --only
-             'buddyflood_Tiny,goodputtrace_Tiny,launchrestart,restartcache_Tiny')
+             'buddyflood_Tiny,goodputtrace_Tiny,goodputtrace_harsh,launchrestart,restartcache_Tiny')
 
 
 def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
@@ -137,6 +143,9 @@ def _run(name: str, storage: measure.Storage, args) -> list[measure.Figure]:
       cap = float(rest[1][3:]) if len(rest) > 1 and rest[1].startswith('cap') else None
       return buddy.buddy_step_time(storage, rest[0], args.pairs, max(args.secs, buddy.STEP_SECS), cap)
     return buddy.buddy_relaunch(storage, rest[0], args.pairs)
+  if name == 'goodputtrace_harsh':
+    from pax_autockpt.tools.bench import harsh  # pylint: disable=g-import-not-at-top
+    return harsh.goodput_harsh(storage, args.pairs)
   if kind == 'goodputtrace':
     from pax_autockpt.tools.bench import trace  # pylint: disable=g-import-not-at-top
     return trace.goodput_trace(storage, rest[0], args.pairs)

@@ -1,0 +1,180 @@
+"""`goodputtrace_harsh`: goodput when failures come faster than a restart finishes compiling (issue 58).
+
+trace.py's gentle trace strikes once per ~18 restart times and never inside a start-up. Spot capacity and large
+slices meet harsher regimes, where the next failure comes before the restarted job has finished compiling. Here
+the failures come every 1.5-2x the measured restart (RESTART_S: ours' failure -> first step with the compilation
+cache, ~22 s in bench/results.md's goodputtrace_Tiny; `AUTOCKPT_BENCH_HARSH_RESTART_S`), at the same seeded
+moments for every arm, and strike wherever the job is (no guard): a run may never reach its first step. First a
+SIGTERM during the job's very first compile, which no cache holds yet (COMPILE_INTO_S after the first run's
+"Beginning step" line), then, one per gap: a SIGKILL, a SIGKILL with the host's local directory gone, a SIGKILL, a
+SIGTERM, and again. A SIGTERM leaves the run GRACE_S (Cloud TPU's 300 s; ours
+keep their default --autockpt_grace_secs=300) unless the next failure comes first; a run that exits is restarted at
+once. At W (WINDOW_S, `AUTOCKPT_BENCH_HARSH_WINDOW_S`) the job gets SIGTERM, 30 s, SIGKILL; then we count.
+
+Arms (trace.py's experiments, Pax's interval every 4,000 steps): `stock` (paxml's main.py with the guide's two
+flags), `ours_jobdir` (pax_autockpt.main), `ours_local` (+ the local tier at its default cadence), `undisturbed`
+(stock, no failure: the denominator). Per arm: goodput (lineage steps / W against undisturbed's), runs, runs that
+trained a step, and the train step's compiles per window, read from each run's log (every arm runs with
+--jax_log_compiles and JAX's compiler debug log): `paid` (completed compiles: finished, not a cache hit),
+`dropped` (begun, never finished: the run was killed, or exited, during it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import re
+import shutil
+import signal
+import time
+
+from pax_autockpt.tools.bench import measure
+from pax_autockpt.tools.bench import trace
+from pax_autockpt.tools.bench.measure import Figure
+from pax_autockpt.tools.bench.measure import Storage
+
+WINDOW_S = 180.0
+RESTART_S = 22.0
+GAP = (1.5, 2.0)  # a failure every GAP x RESTART_S
+GRACE_S = 300.0
+COMPILE_INTO_S = 5.0
+COMPILE_SIGTERM = 'SIGTERM in the first compile'
+KINDS = (COMPILE_SIGTERM, 'crash', 'replaced VM', 'crash', 'preemption')
+ARMS = ('stock', 'ours_jobdir', 'ours_local')
+LOG_FLAGS = ('--jax_log_compiles', '--jax_debug_log_modules=jax._src.compiler')
+_BEGUN = re.compile(r'Compiling _wrapped_step_fn ')
+_FINISHED = re.compile(r'Finished XLA compilation of pjit\(_wrapped_step_fn\)')
+_HIT = re.compile(r"Persistent compilation cache hit for 'pjit__wrapped_step_fn'")
+_BEGINNING = re.compile(r'\[PAX STATUS\]: Beginning step')
+
+
+def harsh_trace(window_s: float = WINDOW_S, restart_s: float = RESTART_S, seed: int = 0) -> list[trace.Failure]:
+  """The failures in [0, window_s): first a SIGTERM into the job's first compile (due at 0: it waits for the compile),
+  then one per gap drawn uniformly in GAP x restart_s, of the other KINDS in their order."""
+  rng, t, out = random.Random(seed), 0.0, [trace.Failure(0.0, COMPILE_SIGTERM)]
+  while True:
+    t += rng.uniform(*GAP) * restart_s
+    if t >= window_s:
+      return out
+    out.append(trace.Failure(round(t, 3), KINDS[1:][(len(out) - 1) % (len(KINDS) - 1)]))
+
+
+def compiles(log_text: str) -> dict[str, int]:
+  """The train step's compiles in one run's log: `paid` (finished, not loaded from the cache), `dropped` (begun,
+  never finished). The eval step on the train input shares the train step's name: both count."""
+  begun, finished, hits = (len(r.findall(log_text)) for r in (_BEGUN, _FINISHED, _HIT))
+  return dict(paid=max(0, finished - hits), dropped=max(0, begun - finished))
+
+
+@dataclasses.dataclass
+class _Harsh:
+  """One arm's job under the harsh trace: SIGTERMs do not block the replay (the next failure may come first)."""
+
+  job: trace._Job  # pylint: disable=protected-access
+  kill_at: float | None = None  # a SIGTERM's grace ends: SIGKILL
+
+  def tick(self, until: float) -> None:
+    """Until `until` (seconds into the window): a run that exited restarts at once; a grace that ran out kills."""
+    while self.job.now() < until:
+      if self.job.job.proc.poll() is not None:
+        self.job._ended('exited', self.job.job.proc.returncode)  # pylint: disable=protected-access
+        self.kill_at = None
+        self.job.start()
+      elif self.kill_at is not None and self.job.now() >= self.kill_at:
+        self.kill('grace over')
+      time.sleep(0.1)
+
+  def kill(self, how: str) -> None:
+    self.job.job.kill()
+    self.job._ended(how, self.job.job.proc.returncode)  # pylint: disable=protected-access
+    self.kill_at = None
+    self.job.start()
+
+  def compile_began(self, window_s: float) -> float:
+    """When the current run logged its first 'Beginning step' (its compile follows); waits for it (restarts
+    included), at most until the window's end."""
+    while not _BEGINNING.search(self.job.job.log()) and self.job.now() < window_s:
+      self.tick(self.job.now() + 0.2)
+    return self.job.now()
+
+  def strike(self, kind: str) -> None:
+    if kind in (COMPILE_SIGTERM, 'preemption'):
+      self.job.job.send(signal.SIGTERM)
+      self.kill_at = self.job.now() + GRACE_S
+      self.job.segments[-1].how = kind
+      return
+    if kind == 'replaced VM' and self.job.local:
+      self.job.job.kill()
+      shutil.rmtree(self.job.local, ignore_errors=True)
+    self.kill(kind)
+
+
+def replay(arm: _Harsh, failures: list[trace.Failure], window_s: float) -> list[tuple[float, str]]:
+  struck = []
+  arm.job.start()
+  for failure in failures:
+    at = failure.t
+    if failure.kind == COMPILE_SIGTERM:
+      at = max(at, arm.compile_began(window_s) + COMPILE_INTO_S)
+    arm.tick(min(at, window_s))
+    if at >= window_s:
+      break
+    arm.strike(failure.kind)
+    struck.append((round(arm.job.now(), 1), failure.kind))
+  arm.tick(window_s)
+  arm.job.strike('end')
+  return struck
+
+
+def run_arm(storage: Storage, arm: str, failures: list[trace.Failure], window_s: float, name: str) -> dict:
+  local = os.path.join(storage.workdir, f'{name}-local')
+  argv = trace._argv('undisturbed' if arm == 'undisturbed' else arm, 'Tiny', local)  # pylint: disable=protected-access
+  job = trace._Job(storage, lambda: [*argv(), *LOG_FLAGS], name, f'{local}-0' if arm == 'ours_local' else None)  # pylint: disable=protected-access
+  struck = replay(_Harsh(job), failures, window_s)
+  final = job.restorable()
+  logs = [os.path.join(storage.workdir, f'{name}-{i}.log') for i in range(len(job.segments))]
+  counted = [compiles(open(p, errors='replace').read()) for p in logs if os.path.exists(p)]
+  storage.clean(job.job_dir)
+  shutil.rmtree(f'{local}-0', ignore_errors=True)
+  return dict(final=final, rate=final / window_s, struck=struck, runs=len(job.segments),
+              trained=sum(s.first_step is not None or s.last_step > s.restored for s in job.segments),
+              paid=sum(c['paid'] for c in counted), dropped=sum(c['dropped'] for c in counted),
+              codes=[s.code for s in job.segments])
+
+
+def goodput_harsh(storage: Storage, pairs: int) -> list[Figure]:
+  """`pairs` passes: undisturbed once, then the arms (reversed on odd passes) over the same failures."""
+  window_s = float(os.environ.get('AUTOCKPT_BENCH_HARSH_WINDOW_S', WINDOW_S))
+  restart_s = float(os.environ.get('AUTOCKPT_BENCH_HARSH_RESTART_S', RESTART_S))
+  failures = harsh_trace(window_s, restart_s)
+  measure.say('harsh trace: ' + ', '.join(f'{f.kind} at {f.t:.1f} s' for f in failures))
+  got = {arm: [] for arm in (*ARMS, 'undisturbed')}
+  for i in range(pairs):
+    base = run_arm(storage, 'undisturbed', [], window_s, f'harsh-undisturbed-{i}')
+    got['undisturbed'].append(base)
+    for arm in (ARMS if i % 2 == 0 else ARMS[::-1]):
+      r = run_arm(storage, arm, failures, window_s, f'harsh-{arm}-{i}')
+      got[arm].append(r)
+      measure.say(f'harsh {arm} #{i}: lineage {r["final"]} steps (undisturbed {base["final"]}), goodput '
+                  f'{r["rate"] / base["rate"] if base["rate"] else 0:.3f}, {r["runs"]} runs ({r["trained"]} trained), '
+                  f'train-step compiles paid {r["paid"]}, dropped {r["dropped"]}, struck {r["struck"]}, '
+                  f'codes {r["codes"]}')
+  return _figures(got, failures, window_s, restart_s, storage.name)
+
+
+def _figures(got: dict, failures: list[trace.Failure], window_s: float, restart_s: float, where: str
+             ) -> list[Figure]:
+  label = (f'harsh trace ({len(failures)} failures, every {GAP[0]:g}-{GAP[1]:g}x a {restart_s:g} s restart, first a '
+           f'SIGTERM in the first compile), Tiny, W {window_s:.0f} s, {where}')
+  per = lambda arm, key: [r[key] for r in got[arm]]
+  figures = [Figure(f'goodput: lineage steps / W, {arm} vs undisturbed stock, {label}', 'steps/s', per(arm, 'rate'),
+                    per('undisturbed', 'rate'), 'undisturbed stock') for arm in ARMS]
+  for arm in ARMS:
+    figures += [Figure(f'train-step compiles paid (finished, not from the cache) per window, {arm}, {label}',
+                       'compiles', per(arm, 'paid')),
+                Figure(f'train-step compiles begun and dropped per window, {arm}, {label}', 'compiles',
+                       per(arm, 'dropped')),
+                Figure(f'runs that trained a step / runs, {arm}, {label}', 'runs', per(arm, 'trained'),
+                       per(arm, 'runs'), 'runs')]
+  return figures
