@@ -157,9 +157,9 @@ def _kept(case, policy, rows, ask) -> list[bool]:
   kind = policy['type']
   if kind == 'AnyPreservationPolicy':
     votes = [_kept(case, p, rows, ask) for p in policy['policies']]
-    whole = ask(_query(case, policy, rows))
     if all(us is not None for _, us, _, *_ in rows) and not any(p['type'] == 'BestN' for p in policy['policies']):
-      assert whole == [any(v) for v in zip(*votes)], (whole, votes)  # orbax's Any is an OR
+      whole = ask(_query(case, policy, rows))  # where no difference applies, orbax's own Any: an OR
+      assert whole == [any(v) for v in zip(*votes)], (whole, votes)
     return [any(v[i] for v in votes) for i in range(len(rows))]
   if kind in ('EveryNSeconds', 'LatestDuration'):
     known = [i for i, r in enumerate(rows) if r[1] is not None]
