@@ -6,6 +6,7 @@ demand; run 2 with the local tier, `kill -9` once local step 401 was committed; 
 finished) and the checkpoint listing (each step's orbax `metadata/metadata` only, no arrays).
 """
 
+import io
 import pathlib
 
 from pax_autockpt.tools import report
@@ -21,7 +22,9 @@ def _docs_sample() -> list[str]:
 
 
 def test_the_docs_sample_report_is_what_the_report_prints_of_the_tutorials_job():
-  printed = report.format_text(report.load(FIXTURE)).replace(f'job: {FIXTURE}', f'job: {DOCS_JOB}')
+  out = io.StringIO()
+  assert report.run(str(FIXTURE), out=out) == 0  # what `pax-autockpt report` prints
+  printed = out.getvalue().replace(f'job: {FIXTURE}', f'job: {DOCS_JOB}')
   assert _docs_sample() == printed.splitlines(), 'docs/report.md: paste `pax-autockpt report` of the fixture'
 
 
