@@ -205,9 +205,8 @@ class _Sim:
     began = self.now + run.idle_s
     start = began + run.startup_s + (run.restore_s if i else 0.0)
     restored, tier = self._restore(i, run, p, start - 0.5 * run.restore_s)
-    restore_s = run.restore_s if i and restored is not None else None
-    if restore_s is None and i:
-      start -= run.restore_s  # nothing to restore: no time spent on it
+    restore_s = run.restore_s if i and restored is not None else None  # absent when nothing was restored: its
+    # time (setting checkpoints aside) is then start-up
     p.add(start, 'start', num_hosts=h.hosts, pid=1000 + i, restored_step=restored, restored_from=tier,
           **({'restore_s': restore_s} if restore_s is not None else {}),
           **({'process_start_t': began} if run.process_start else {}))
