@@ -130,7 +130,8 @@ class AutockptCheckpointer:
     return self._saves.committed_this_run
 
   def newest_committed(self) -> int | None:
-    return self._saves.newest_committed()
+    """For the exit's lines: storage's answer, or during an outage the newest this process knows of."""
+    return self._exit.newest_committed()
 
   # --- restore ---------------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@ budget (`grace_secs`, from the signal's arrival) and the save duration (an earli
 test's, so the plan does not depend on how fast this machine saves."""
 
 import re
+import threading
 import time
 from unittest import mock
 
@@ -138,3 +139,29 @@ def test_the_save_a_signals_exit_waits_for_is_written_raw_under_auto_and_the_oth
     ckpt.save_if_needed(12, STATE)
   assert fake.orbax.attempts == [10, 12]
   assert compressors == [interval_save, exit_save]
+
+
+@pytest.mark.parametrize('commits', [True, False])
+def test_a_storage_outage_during_the_exit_ends_in_one_line_naming_what_this_run_knows(job, monkeypatch, commits):
+  """After the signal storage stops answering (on gs:// `exists()` raises on anything but NotFound: 503 here).
+  The exit still ends in its one line: the on-demand step committed by orbax's own record (Preempted, 143), or its
+  save failed and the line names the newest step this run committed (SaveFailed, 1); no traceback from any thread.
+  (Previous main: the OSError of the commit check escaped the exit.)"""
+  ckpt, fake = fakes.wrap(job, settings_lib.Settings(notices='off'), interval=10)
+  ckpt.save_if_needed(10, STATE)  # Pax's interval: committed in this run
+  ckpt.save_if_needed(11, STATE)
+  ckpt.wait_until_finished()
+  crashed = []
+  monkeypatch.setattr(threading, 'excepthook', crashed.append)
+  outage = fakes.raises(OSError('503 Service Unavailable: the bucket does not answer'))
+  monkeypatch.setattr(layout, 'is_committed', outage)
+  monkeypatch.setattr(layout, 'newest_committed', outage)
+  if not commits:
+    fake.orbax.fail_commit = OSError('503 Service Unavailable')
+  fakes.preempt()
+  with pytest.raises(stops.Preempted if commits else stops.SaveFailed) as stop:
+    ckpt.save_if_needed(12, STATE)
+  assert str(stop.value) == ('On-demand checkpoint of step 12 committed' if commits else
+                             'On-demand checkpoint of step 12 failed to commit; the newest committed checkpoint is 10')
+  assert ckpt.newest_committed() == (12 if commits else 10)  # what the executor's run summary names
+  assert crashed == []
