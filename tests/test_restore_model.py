@@ -101,6 +101,7 @@ class History(stateful.RuleBasedStateMachine):
     self.forks = 0
     self.unrecorded: set[int] = set()  # checkpoints committed with their events lost
     self.run_ids: list[str] = []
+    self.tooled: set[int] = set()  # steps a tool rewrote in place (no save id)
 
   def teardown(self):
     shutil.rmtree(self.tmp, ignore_errors=True)
@@ -260,7 +261,9 @@ class History(stateful.RuleBasedStateMachine):
     """A tool rewrites the newest checkpoint in place (retrained from the one before), writing no events: with
     a stock manifest (no save id), or none at all."""
     step = max(self.model.ckpts)
-    hypothesis.assume(step not in self.unrecorded)
+    # Limits (docs/local-tier.md): a commit no log records; a tool's checkpoint (no id) rewritten again.
+    hypothesis.assume(step not in self.unrecorded and step not in self.tooled)
+    self.tooled.add(step)
     path = layout.step_dir(self.disk.ckpt, step)
     shutil.rmtree(path)
     if own_manifest:
