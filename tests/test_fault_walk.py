@@ -95,6 +95,7 @@ def test_an_exit_whose_every_write_fails_from_the_signal_on_is_still_honoured(sh
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(4 * 3600)
 @pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
 @pytest.mark.parametrize('name', ['stderr', 'stdout', 'events', 'local', 'stderr_once'])
 def test_walk_every_write_of_an_exit(shim, tmp_path, name, signum):
@@ -105,6 +106,52 @@ def test_walk_every_write_of_an_exit(shim, tmp_path, name, signum):
   print(f'{name} {signal.Signals(signum).name}: {writes} writes after the signal')
   for k in range(1, writes + 1):
     assert_honoured(exit_under_fault(shim, tmp_path, name, k, signum), signum, f'{name} k={k}/{writes}')
+
+
+# --- two hosts under `pax-autockpt launch`: the launcher, its standby and both hosts carry the shim ---------------
+
+TWO_HOSTS_EXP = 'experiments.lm_cloud_autockpt.LmCloudSpmdTinyMultisliceAutockpt'
+
+
+def launch_under_fault(shim: str, tmp_path, name: str, k: int, signum: int) -> tuple[int, str, int]:
+  """`pax-autockpt launch --num_hosts=2` of the tiny multislice experiment, the signal to the launcher (as a
+  terminal's Ctrl-C or a scheduler's SIGTERM reaches it), the k-th write to target `name` after it failing in
+  every process of the job (`hostlogs`: the launcher's copies of the hosts' output)."""
+  run = tmp_path / f'launch-{name}-{k}-{signal.Signals(signum).name}'
+  run.mkdir()
+  job_dir = str(run / 'job')
+  targets = {**_targets(job_dir, str(run / 'local')),
+             'hostlogs': (f'path:{layout.autockpt_dir(job_dir)}/host', errno.ENOSPC, True)}
+  target, code, persist = targets[name]
+  env = {'LD_PRELOAD': shim, 'AUTOCKPT_FAULT_TARGET': target, 'AUTOCKPT_FAULT_AT': str(k),
+         'AUTOCKPT_FAULT_ERRNO': str(code), 'AUTOCKPT_FAULT_PERSIST': '1' if persist else '0',
+         'AUTOCKPT_FAULT_ARM': str(run / 'armed'), 'AUTOCKPT_FAULT_COUNT': str(run / 'count')}
+  argv = [sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', '--num_hosts=2', '--', f'--exp={TWO_HOSTS_EXP}',
+          f'--job_log_dir={job_dir}', f'--autockpt_grace_secs={GRACE_SECS}', '--autockpt_notices=off']
+  job = process.Job(argv, str(run / 'launch.log'), env=process.users_env(env))
+  try:
+    host0 = str(layout.host_log_path(job_dir, 0))
+    process.wait_until(lambda: re.search(STEP_DONE, process.text_of(host0)), 'host 0\'s first step', 300, job=job)
+    (run / 'armed').touch()
+    sent = job.send(signum)
+    exit_code = job.wait(GRACE_SECS + 90)
+  finally:
+    job.kill()
+  assert time.time() - sent < GRACE_SECS + 20, f'{name} k={k}: the exit took past the grace period'
+  count = int((run / 'count').read_text()) if (run / 'count').exists() else 0
+  return exit_code, job_dir, count
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(4 * 3600)
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize('name', ['everything', 'stderr', 'events', 'hostlogs'])
+def test_walk_every_write_of_a_two_host_exit_under_launch(shim, tmp_path, name, signum):
+  dry = launch_under_fault(shim, tmp_path, name, 0, signum)
+  assert_honoured(dry, signum, f'2 hosts {name} dry run')
+  print(f'2 hosts {name} {signal.Signals(signum).name}: {dry[2]} writes after the signal')
+  for k in range(1, dry[2] + 1):
+    assert_honoured(launch_under_fault(shim, tmp_path, name, k, signum), signum, f'2 hosts {name} k={k}/{dry[2]}')
 
 
 # --- the README's pipeline, for real: python ... 2>&1 | tee log -----------------------------------------------
