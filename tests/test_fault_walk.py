@@ -51,6 +51,14 @@ def _targets(job_dir: str, local_dir: str) -> dict[str, tuple[str, int, bool]]:
   return targets
 
 
+def _fault_env(shim: str, run, fault: tuple[str, int, bool], k: int) -> dict[str, str]:
+  """The shim's settings for a run in folder `run`: fault = (target, errno, persist); its arm and count files."""
+  target, code, persist = fault
+  return {'LD_PRELOAD': shim, 'AUTOCKPT_FAULT_TARGET': target, 'AUTOCKPT_FAULT_AT': str(k),
+          'AUTOCKPT_FAULT_ERRNO': str(code), 'AUTOCKPT_FAULT_PERSIST': '1' if persist else '0',
+          'AUTOCKPT_FAULT_ARM': str(run / 'armed'), 'AUTOCKPT_FAULT_COUNT': str(run / 'count')}
+
+
 def exit_under_fault(shim: str, tmp_path, name: str, k: int, signum: int = signal.SIGTERM) -> tuple[int, str, int]:
   """One run of the tiny experiment, forked from a server with the shim loaded, that gets `signum` after its
   first steps with the k-th write to target `name` after it failing (k=0: none, only counted). Returns (exit
@@ -58,10 +66,7 @@ def exit_under_fault(shim: str, tmp_path, name: str, k: int, signum: int = signa
   run = tmp_path / f'{name}-{k}-{signal.Signals(signum).name}'
   run.mkdir()
   job_dir, local_dir = str(run / 'job'), str(run / 'local')
-  target, code, persist = _targets(job_dir, local_dir)[name]
-  env = {'LD_PRELOAD': shim, 'AUTOCKPT_FAULT_TARGET': target, 'AUTOCKPT_FAULT_AT': str(k),
-         'AUTOCKPT_FAULT_ERRNO': str(code), 'AUTOCKPT_FAULT_PERSIST': '1' if persist else '0',
-         'AUTOCKPT_FAULT_ARM': str(run / 'armed'), 'AUTOCKPT_FAULT_COUNT': str(run / 'count')}
+  env = _fault_env(shim, run, _targets(job_dir, local_dir)[name], k)
   local = [f'--autockpt_local_dir={local_dir}-{{host}}'] if name in ('local', 'everything') else []
   argv = process.ours_argv(EXP, job_dir, f'--autockpt_grace_secs={GRACE_SECS}', '--autockpt_notices=off', *local)
   job = forkserver.job(argv, str(run / 'run.log'), env=env)
@@ -122,10 +127,7 @@ def launch_under_fault(shim: str, tmp_path, name: str, k: int, signum: int) -> t
   job_dir = str(run / 'job')
   targets = {**_targets(job_dir, str(run / 'local')),
              'hostlogs': (f'path:{layout.autockpt_dir(job_dir)}/host', errno.ENOSPC, True)}
-  target, code, persist = targets[name]
-  env = {'LD_PRELOAD': shim, 'AUTOCKPT_FAULT_TARGET': target, 'AUTOCKPT_FAULT_AT': str(k),
-         'AUTOCKPT_FAULT_ERRNO': str(code), 'AUTOCKPT_FAULT_PERSIST': '1' if persist else '0',
-         'AUTOCKPT_FAULT_ARM': str(run / 'armed'), 'AUTOCKPT_FAULT_COUNT': str(run / 'count')}
+  env = _fault_env(shim, run, targets[name], k)
   argv = [sys.executable, '-m', 'pax_autockpt.tools.cli', 'launch', '--num_hosts=2', '--', f'--exp={TWO_HOSTS_EXP}',
           f'--job_log_dir={job_dir}', f'--autockpt_grace_secs={GRACE_SECS}', '--autockpt_notices=off']
   job = process.Job(argv, str(run / 'launch.log'), env=process.users_env(env))
