@@ -170,9 +170,8 @@ def test_compile_counts_split_cache_loads_compiles_kept_and_compiles_never_kept(
 def test_the_harsh_trace_strikes_the_first_compile_first_then_every_one_and_a_half_to_two_restarts():
   failures = harsh.harsh_trace(180.0, 22.0)
   assert failures[0] == harsh.trace.Failure(0.0, harsh.COMPILE_SIGTERM)
-  gaps = [b.t - a.t for a, b in zip(failures[1:], failures[2:])]
-  assert all(33.0 <= g <= 44.0 for g in gaps) and 33.0 <= failures[1].t <= 44.0
-  assert [f.kind for f in failures[1:5]] == ['crash', 'replaced VM', 'crash', 'preemption']
+  assert all(33.0 <= f.t <= 44.0 for f in failures[1:]) and sum(f.t for f in failures[1:]) >= 180.0
+  assert [f.kind for f in failures[1:6]] == ['crash', 'replaced VM', 'crash', 'preemption', 'crash']
 
 
 def test_the_harsh_trace_counts_the_train_steps_compiles_paid_and_dropped_from_a_runs_log():

@@ -2,14 +2,14 @@
 
 trace.py's gentle trace strikes once per ~18 restart times and never inside a start-up. Spot capacity and large
 slices meet harsher regimes, where the next failure comes before the restarted job has finished compiling. Here
-the failures come every 1.5-2x the measured restart (RESTART_S: ours' failure -> first step with the compilation
-cache, ~22 s in bench/results.md's goodputtrace_Tiny; `AUTOCKPT_BENCH_HARSH_RESTART_S`), at the same seeded
-moments for every arm, and strike wherever the job is (no guard): a run may never reach its first step. First a
-SIGTERM during the job's very first compile, which no cache holds yet (COMPILE_INTO_S after the first run's
-"Beginning step" line), then, one per gap: a SIGKILL, a SIGKILL with the host's local directory gone, a SIGKILL, a
-SIGTERM, and again. A SIGTERM leaves the run GRACE_S (Cloud TPU's 300 s; ours
-keep their default --autockpt_grace_secs=300) unless the next failure comes first; a run that exits is restarted at
-once. At W (WINDOW_S, `AUTOCKPT_BENCH_HARSH_WINDOW_S`) the job gets SIGTERM, 30 s, SIGKILL; then we count.
+the failures come every 1.5-2x the restart R measured at the start of each pass (`measured_restart`: ours, kill ->
+first step with the compilation cache filled, the machine as loaded as it is then), and strike wherever the job
+is (no guard): a run may never reach its first step. First a SIGTERM during the job's very first compile, which no
+cache holds yet (COMPILE_INTO_S after the first run's 'Compiling _wrapped_step_fn' line), then, each a seeded gap
+after the previous one: a SIGKILL, a SIGKILL with the host's local directory gone, a SIGKILL, a SIGTERM, and again.
+The gaps are the same for every arm of a pass. A SIGTERM leaves the run GRACE_S (Cloud TPU's 300 s; ours keep
+their default --autockpt_grace_secs=300) unless the next failure comes first; a run that exits is restarted at once.
+At W = max(WINDOW_S, WINDOW_RESTARTS x R) the job gets SIGTERM, 30 s, SIGKILL; then we count.
 
 Arms (trace.py's experiments, Pax's interval every 4,000 steps): `stock` (paxml's main.py with the guide's two
 flags), `ours_jobdir` (pax_autockpt.main), `ours_local` (+ the local tier at its default cadence), `undisturbed`
@@ -30,12 +30,13 @@ import signal
 import time
 
 from pax_autockpt.tools.bench import measure
+from pax_autockpt.tools.bench import scenarios
 from pax_autockpt.tools.bench import trace
 from pax_autockpt.tools.bench.measure import Figure
 from pax_autockpt.tools.bench.measure import Storage
 
 WINDOW_S = 180.0
-RESTART_S = 22.0
+WINDOW_RESTARTS = 7.0
 GAP = (1.5, 2.0)  # a failure every GAP x RESTART_S
 GRACE_S = 300.0
 COMPILE_INTO_S = 5.0
@@ -46,18 +47,34 @@ LOG_FLAGS = ('--jax_log_compiles', '--jax_debug_log_modules=jax._src.compiler')
 _BEGUN = re.compile(r'Compiling _wrapped_step_fn ')
 _FINISHED = re.compile(r'Finished XLA compilation of pjit\(_wrapped_step_fn\)')
 _HIT = re.compile(r"Persistent compilation cache hit for 'pjit__wrapped_step_fn'")
-_BEGINNING = re.compile(r'\[PAX STATUS\]: Beginning step')
 
 
-def harsh_trace(window_s: float = WINDOW_S, restart_s: float = RESTART_S, seed: int = 0) -> list[trace.Failure]:
-  """The failures in [0, window_s): first a SIGTERM into the job's first compile (due at 0: it waits for the compile),
-  then one per gap drawn uniformly in GAP x restart_s, of the other KINDS in their order."""
-  rng, t, out = random.Random(seed), 0.0, [trace.Failure(0.0, COMPILE_SIGTERM)]
-  while True:
-    t += rng.uniform(*GAP) * restart_s
-    if t >= window_s:
-      return out
-    out.append(trace.Failure(round(t, 3), KINDS[1:][(len(out) - 1) % (len(KINDS) - 1)]))
+def harsh_trace(window_s: float, restart_s: float, seed: int = 0) -> list[trace.Failure]:
+  """First a SIGTERM into the job's first compile (`t` 0: it waits for the compile), then failures of the other
+  KINDS in their order, each `t` seconds after the previous one (uniform in GAP x restart_s), enough to fill
+  window_s."""
+  rng, total, out = random.Random(seed), 0.0, [trace.Failure(0.0, COMPILE_SIGTERM)]
+  while total < window_s:
+    gap = round(rng.uniform(*GAP) * restart_s, 3)
+    total += gap
+    out.append(trace.Failure(gap, KINDS[1:][(len(out) - 1) % (len(KINDS) - 1)]))
+  return out
+
+
+def measured_restart(storage: Storage, name: str) -> float:
+  """Ours' restart as the trace's arms meet it: a fresh job to its first step (which fills the compilation
+  cache), SIGKILL, the same command again: kill -> its first step (seconds)."""
+  job = trace._Job(storage, _argv('ours_jobdir', ''), name, None)  # pylint: disable=protected-access
+  job.start()
+  job.first_step(float('inf'))
+  time.sleep(2.0)
+  job.job.kill()
+  killed = time.time()
+  job.start()
+  job.first_step(float('inf'))
+  job.job.kill()
+  storage.clean(job.job_dir)
+  return time.time() - killed
 
 
 def compiles(log_text: str) -> dict[str, int]:
@@ -92,9 +109,9 @@ class _Harsh:
     self.job.start()
 
   def compile_began(self, window_s: float) -> float:
-    """When the current run logged its first 'Beginning step' (its compile follows); waits for it (restarts
-    included), at most until the window's end."""
-    while not _BEGINNING.search(self.job.job.log()) and self.job.now() < window_s:
+    """When the current run began compiling its train step (JAX's 'Compiling _wrapped_step_fn'); waits for it
+    (restarts included), at most until the window's end."""
+    while not _BEGUN.search(self.job.job.log()) and self.job.now() < window_s:
       self.tick(self.job.now() + 0.2)
     return self.job.now()
 
@@ -111,25 +128,36 @@ class _Harsh:
 
 
 def replay(arm: _Harsh, failures: list[trace.Failure], window_s: float) -> list[tuple[float, str]]:
-  struck = []
+  """Strikes each failure its gap after the previous one (the first: in the first compile)."""
+  struck, previous = [], 0.0
   arm.job.start()
   for failure in failures:
-    at = failure.t
+    at = previous + failure.t
     if failure.kind == COMPILE_SIGTERM:
-      at = max(at, arm.compile_began(window_s) + COMPILE_INTO_S)
+      at = arm.compile_began(window_s) + COMPILE_INTO_S
     arm.tick(min(at, window_s))
     if at >= window_s:
       break
     arm.strike(failure.kind)
+    previous = at
     struck.append((round(arm.job.now(), 1), failure.kind))
   arm.tick(window_s)
   arm.job.strike('end')
   return struck
 
 
+def _argv(arm: str, local: str):
+  """trace.py's commands, but ours keep the default grace period (300 s, as the trace's SIGTERMs give)."""
+  stock_exp, ours_exp = trace.EXPERIMENTS['Tiny']
+  if arm in ('stock', 'undisturbed'):
+    return lambda: scenarios.stock(stock_exp, scenarios._port_flag())  # pylint: disable=protected-access
+  flags = (f'--autockpt_local_dir={local}-{{host}}',) if arm == 'ours_local' else ()
+  return lambda: scenarios.ours(ours_exp, *flags)
+
+
 def run_arm(storage: Storage, arm: str, failures: list[trace.Failure], window_s: float, name: str) -> dict:
   local = os.path.join(storage.workdir, f'{name}-local')
-  argv = trace._argv('undisturbed' if arm == 'undisturbed' else arm, 'Tiny', local)  # pylint: disable=protected-access
+  argv = _argv(arm, local)
   job = trace._Job(storage, lambda: [*argv(), *LOG_FLAGS], name, f'{local}-0' if arm == 'ours_local' else None)  # pylint: disable=protected-access
   struck = replay(_Harsh(job), failures, window_s)
   final = job.restorable()
@@ -145,12 +173,14 @@ def run_arm(storage: Storage, arm: str, failures: list[trace.Failure], window_s:
 
 def goodput_harsh(storage: Storage, pairs: int) -> list[Figure]:
   """`pairs` passes: undisturbed once, then the arms (reversed on odd passes) over the same failures."""
-  window_s = float(os.environ.get('AUTOCKPT_BENCH_HARSH_WINDOW_S', WINDOW_S))
-  restart_s = float(os.environ.get('AUTOCKPT_BENCH_HARSH_RESTART_S', RESTART_S))
-  failures = harsh_trace(window_s, restart_s)
-  measure.say('harsh trace: ' + ', '.join(f'{f.kind} at {f.t:.1f} s' for f in failures))
-  got = {arm: [] for arm in (*ARMS, 'undisturbed')}
+  got = {arm: [] for arm in (*ARMS, 'undisturbed', 'restart')}
   for i in range(pairs):
+    restart_s = measured_restart(storage, f'harsh-restart-{i}')
+    window_s = max(WINDOW_S, WINDOW_RESTARTS * restart_s)
+    failures = harsh_trace(window_s, restart_s, seed=i)
+    measure.say(f'harsh #{i}: restart {restart_s:.1f} s, W {window_s:.0f} s: ' + ', '.join(
+        f'{f.kind} {f.t:.1f} s after the previous' for f in failures))
+    got['restart'].append(dict(restart=restart_s, window=window_s, n=len(failures)))
     base = run_arm(storage, 'undisturbed', [], window_s, f'harsh-undisturbed-{i}')
     got['undisturbed'].append(base)
     for arm in (ARMS if i % 2 == 0 else ARMS[::-1]):
@@ -160,16 +190,18 @@ def goodput_harsh(storage: Storage, pairs: int) -> list[Figure]:
                   f'{r["rate"] / base["rate"] if base["rate"] else 0:.3f}, {r["runs"]} runs ({r["trained"]} trained), '
                   f'train-step compiles paid {r["paid"]}, dropped {r["dropped"]}, struck {r["struck"]}, '
                   f'codes {r["codes"]}')
-  return _figures(got, failures, window_s, restart_s, storage.name)
+  return _figures(got, storage.name)
 
 
-def _figures(got: dict, failures: list[trace.Failure], window_s: float, restart_s: float, where: str
-             ) -> list[Figure]:
-  label = (f'harsh trace ({len(failures)} failures, every {GAP[0]:g}-{GAP[1]:g}x a {restart_s:g} s restart, first a '
-           f'SIGTERM in the first compile), Tiny, W {window_s:.0f} s, {where}')
+def _figures(got: dict, where: str) -> list[Figure]:
+  label = (f'harsh trace (a failure every {GAP[0]:g}-{GAP[1]:g}x the measured restart, first a SIGTERM in the first '
+           f'compile; W = max({WINDOW_S:.0f} s, {WINDOW_RESTARTS:g} restarts)), Tiny, {where}')
   per = lambda arm, key: [r[key] for r in got[arm]]
-  figures = [Figure(f'goodput: lineage steps / W, {arm} vs undisturbed stock, {label}', 'steps/s', per(arm, 'rate'),
-                    per('undisturbed', 'rate'), 'undisturbed stock') for arm in ARMS]
+  figures = [Figure(f'restart measured for the trace (kill -> first step, ours, cache filled), {label}', 's',
+                    per('restart', 'restart')),
+             Figure(f'window W, {label}', 's', per('restart', 'window'))]
+  figures += [Figure(f'goodput: lineage steps / W, {arm} vs undisturbed stock, {label}', 'steps/s', per(arm, 'rate'),
+                     per('undisturbed', 'rate'), 'undisturbed stock') for arm in ARMS]
   for arm in ARMS:
     figures += [Figure(f'train-step compiles paid (finished, not from the cache) per window, {arm}, {label}',
                        'compiles', per(arm, 'paid')),
