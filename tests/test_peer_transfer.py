@@ -377,11 +377,11 @@ def test_a_taken_port_is_one_line_and_a_free_port_instead(tmp_path, caplog):
   assert len(lines) == 1 and f'port {port} is not free' in lines[0], lines
 
 
-def test_strangers_beyond_the_connection_cap_are_closed_at_once_and_a_peer_of_the_job_still_gets_in(
+def test_strangers_beyond_the_connection_cap_wait_their_turn_and_a_peer_of_the_job_still_gets_in(
     tmp_path, caplog):
   """252 strangers each sending a byte made the donor's own open() fail (EMFILE). Now at most
-  MIN_CONNECTIONS are open: each newer one closes the oldest that showed no secret, and a peer with the
-  secret is served among them; the refusals are a summary, not a line each."""
+  MIN_CONNECTIONS are open: each newer one waits in the kernel's queue while the oldest that showed no secret
+  is closed, and a peer with the secret is served among them; the refusals are a summary, not a line each."""
   donor = _donor(tmp_path / 'donor', 5)
   cap = peer.MIN_CONNECTIONS
   with _server(tmp_path / 'donor') as server:

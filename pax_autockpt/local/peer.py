@@ -17,10 +17,15 @@ The request's path reaches the filesystem only as `offered(step) / name`, with `
 tier's two file names: the caller decides which steps are offered (this job's committed local steps).
 
 What a stranger who can reach the port can cost the donor (issue 46): at most max(8, 4 x hosts) connections
-are open at once (one more closes the oldest that has not shown the secret, else it is closed at once); a
-request's line and headers must arrive whole within REQUEST_SECS and HEAD_LIMIT bytes before the secret is
-even looked at; refusals are one line, then one summary a minute. So a flood holds the cap's descriptors and
-HEAD_LIMIT bytes each, never a thread for long, and a peer with the secret still gets in.
+are open at once, counting every one not yet closed (one the gate ended included); one more waits in the
+kernel's accept queue (no descriptor of this process) while the oldest connection that has not shown the secret
+is closed to make room and its handler closes it. "Shown" is judged from the bytes that reached this host, read
+by the handler or still waiting in the socket (issue 57: only a handler that had read the whole head counted,
+so eight bare connections arriving before a peer's handler ran closed the peer's request unanswered). A
+request's line and headers must arrive whole within REQUEST_SECS and HEAD_LIMIT bytes before it is served;
+refusals are one line, then one summary a minute. So a flood holds the cap's descriptors and HEAD_LIMIT bytes
+each (twice: the handler's and the gate's copy), never a thread for long; a peer whose secret has arrived is
+never closed, and a receiver whose connection fails tries the same donor again for RETRY_SECS.
 """
 
 import collections
@@ -34,6 +39,7 @@ import io
 import os
 import re
 import secrets
+import select
 import socket
 import sys
 import threading
@@ -54,12 +60,16 @@ SECRET_HEADER = 'X-Autockpt-Secret'
 INDEX_LIMIT = 256 << 20  # an index is held in memory whole: a longer answer is not one this code wrote
 HEAD_LIMIT = 16 << 10  # a request's line and headers (this code's client sends ~150 bytes)
 REQUEST_SECS = 10.0  # the whole request line and headers, however slowly they trickle in
+ANSWER_SECS = 60.0  # a peer that stops reading its answer frees its thread
 MIN_CONNECTIONS = 8  # open at once: max(this, CONNECTIONS_PER_HOST x hosts)
 CONNECTIONS_PER_HOST = 4
+RETRY_SECS = 5.0  # a receiver tries a donor again (0.25 s, then doubling) while its first attempt is this recent
+_ROOM_POLL_SECS = 0.1  # how often a server waiting for room looks whether it is being stopped
 SUMMARY_SECS = 60.0  # refusals: the first in a line, then at most one line (a count) per this long
 _NAMES = (layout.LOCAL_INDEX, layout.LOCAL_SHARDS)
 _PATH = re.compile(r'/v1/steps/(\d{1,20})/(' + '|'.join(re.escape(n) for n in _NAMES) + ')')
 _RANGE = re.compile(r'bytes=(\d+)-(\d*)')
+_SECRET_LINE = re.compile(rb'\n' + re.escape(SECRET_HEADER.encode()) + rb':[ \t]*([!-~]+)[ \t]*\r?\n', re.IGNORECASE)
 
 
 class PeerUnavailable(Exception):
@@ -80,7 +90,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
   """GET /v1/steps/<step>/<index.json|shards.bin>, behind the secret; HTTP/1.0 (one request a connection)."""
 
   server: '_Server'
-  timeout = 60  # a peer that stops reading its answer frees its thread
+  timeout = None  # blocking (with MSG_DONTWAIT reads) until the head is read: see `_Gate.answer_within`
 
   def setup(self):
     """The request line and headers read whole first, within REQUEST_SECS and HEAD_LIMIT bytes (a per-read
@@ -88,10 +98,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     connection); a request that comes short of that is closed unanswered."""
     super().setup()
     self.rfile.close()  # the socket's own reader: the request is parsed from the head read here
-    head = _read_head(self.connection, time.monotonic() + REQUEST_SECS)
-    self.connection.settimeout(self.timeout)
-    if head is None and not self.server.gate.evicted(self.connection):
-      self.server.refusals.add('too slow, too large or cut short', self.client_address[0])
+    head = _read_head(self.connection, time.monotonic() + REQUEST_SECS, self.server.gate)
+    self.server.gate.answer_within(self.connection, ANSWER_SECS)
+    if head is None:
+      evicted = self.server.gate.evicted(self.connection)
+      why = 'over the connection cap, no secret shown' if evicted else 'too slow, too large or cut short'
+      self.server.refusals.add(why, self.client_address[0])
     self.rfile = io.BytesIO(head or b'')
 
   def do_GET(self):  # pylint: disable=invalid-name
@@ -150,19 +162,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     """No access log: a transfer is logged by its receiver, refusals in the server's summary."""
 
 
-def _read_head(sock: socket.socket, deadline: float) -> bytes | None:
+def _read_head(sock: socket.socket, deadline: float, gate: '_Gate') -> bytes | None:
   """A request's line and headers through their blank line; None when the deadline passed, HEAD_LIMIT was
-  exceeded, or the peer closed (or was closed by the gate) first."""
-  head = bytearray()
+  exceeded, or the peer closed (or was closed by the gate) first. Each read goes through the gate
+  (`_Gate.receive`), so that the bytes it takes from the socket are where the gate looks for the secret."""
+  head, poller = bytearray(), select.poll()
+  poller.register(sock, select.POLLIN)
   while len(head) <= HEAD_LIMIT:
     remaining = deadline - time.monotonic()
-    if remaining <= 0:
+    if remaining <= 0 or not poller.poll(max(1, int(remaining * 1000))):
       return None
-    try:
-      sock.settimeout(remaining)
-      chunk = sock.recv(HEAD_LIMIT + 1 - len(head))
-    except OSError:
-      return None
+    chunk = gate.receive(sock, HEAD_LIMIT + 1 - len(head))
+    if chunk is None:
+      continue  # nothing after all: wait again
     if not chunk:
       return None
     tail = head[-3:] + chunk  # the blank line may straddle two reads
@@ -172,6 +184,12 @@ def _read_head(sock: socket.socket, deadline: float) -> bytes | None:
   return None
 
 
+def _shows_secret(data: bytes, secret: bytes) -> bool:
+  """Whether a request's head so far carries this job's secret in a whole header line."""
+  found = _SECRET_LINE.search(data)
+  return found is not None and hmac.compare_digest(found.group(1), secret)
+
+
 def _shut(sock: socket.socket) -> None:
   """Ends a connection another thread is reading: its read returns at once, and that thread closes it."""
   with contextlib.suppress(OSError):
@@ -179,56 +197,109 @@ def _shut(sock: socket.socket) -> None:
 
 
 class _Gate:
-  """The server's open connections, at most `limit`: one more closes the oldest that has not yet shown the
-  secret (a stranger holding a slot), else it is itself closed at once; one that showed it (a peer of this
-  job) is never closed here. A flood can then take neither the donor's file descriptors nor a peer's turn."""
+  """The server's open connections, at most `limit`, every one not yet closed counted (one this gate ended that
+  its handler has not closed yet included). While it is full and another connection waits, the oldest one that
+  has not shown the secret is closed, and the next is accepted once its handler has closed it (`room`). Whether a
+  connection showed the secret is judged under the gate's lock from every byte of it that reached this host:
+  those its handler took (`receive`) and those still in the socket: a peer whose request has arrived is never
+  closed here, however many connections come before its handler runs. When every open connection showed it, the
+  next waits for one to end. A flood can then take neither the donor's descriptors nor a peer's turn."""
 
-  def __init__(self, limit: int):
-    self.limit = limit
-    self._lock = threading.Lock()
-    self._waiting: dict[socket.socket, None] = {}  # no secret shown yet, oldest first
+  def __init__(self, limit: int, secret: bytes):
+    self.limit, self._secret = limit, secret
+    self._cond = threading.Condition()
+    self._waiting: dict[socket.socket, bytearray] = {}  # no secret shown yet -> the head read so far, oldest first
     self._trusted: set[socket.socket] = set()
-    self._evicted: set[socket.socket] = set()
+    self._evicted: set[socket.socket] = set()  # closed by the gate, until their handler closed them
 
-  def admit(self, request: socket.socket) -> tuple[bool, bool]:
-    """(admitted, whether another connection was closed to make room)."""
-    with self._lock:
-      evicted = len(self._waiting) + len(self._trusted) >= self.limit
-      if evicted and not self._waiting:
-        return False, False
-      if evicted:
-        oldest = next(iter(self._waiting))
-        del self._waiting[oldest]
-        self._evicted.add(oldest)
-        _shut(oldest)
-      self._waiting[request] = None
-      return True, evicted
+  def room(self, stopping: threading.Event) -> bool:
+    """Waits until one more connection fits, closing a stranger to make it; False when `stopping` was set."""
+    with self._cond:
+      while not stopping.is_set():
+        if self._count() < self.limit:
+          return True
+        stranger = None if self._evicted else next((s for s in list(self._waiting) if not self._showed_secret(s)), None)
+        if stranger is not None:  # (one at a time: a slot is freed when the one closed before is gone)
+          del self._waiting[stranger]
+          self._evicted.add(stranger)
+          _shut(stranger)  # its handler's poll returns at once; it closes it, and `gone` frees the slot
+        self._cond.wait(_ROOM_POLL_SECS)
+    return False
+
+  def _showed_secret(self, request: socket.socket) -> bool:
+    """Under the lock: whether what `request`'s handler read, and what waits in it unread, shows the secret (it
+    is then trusted)."""
+    try:  # a socket with a timeout would wait for it first, whatever the flags: the handler sets one only after
+      unread = request.recv(HEAD_LIMIT, socket.MSG_PEEK | socket.MSG_DONTWAIT) if request.gettimeout() is None else b''
+    except OSError:  # nothing waiting (EAGAIN), or closed
+      unread = b''
+    if not _shows_secret(bytes(self._waiting[request]) + unread, self._secret):
+      return False
+    self._trust(request)
+    return True
+
+  def receive(self, request: socket.socket, size: int) -> bytes | None:
+    """The handler's read of `request` (at most `size` bytes, without waiting; None: nothing there after all,
+    b'': closed), taken under the lock so that no byte is ever out of the gate's sight."""
+    with self._cond:
+      try:
+        chunk = request.recv(size, socket.MSG_DONTWAIT)
+      except BlockingIOError:
+        return None
+      except OSError:
+        return b''
+      if request in self._waiting and chunk:
+        self._waiting[request] += chunk[:HEAD_LIMIT + 1 - len(self._waiting[request])]
+        if _shows_secret(bytes(self._waiting[request]), self._secret):
+          self._trust(request)
+      return chunk
+
+  def answer_within(self, request: socket.socket, seconds: float) -> None:
+    """The handler's timeout for answering, once the head is read; set under the lock, so that the gate's own
+    reads (which must not wait) never meet a socket that waits first."""
+    with self._cond:
+      request.settimeout(seconds)
+
+  def admit(self, request: socket.socket) -> bool:
+    """Whether `request`, accepted after `room`, fits (always, but for a server stopping meanwhile)."""
+    with self._cond:
+      if self._count() >= self.limit:
+        return False
+      self._waiting[request] = bytearray()
+      return True
 
   def trusted(self, request: socket.socket) -> None:
-    with self._lock:
-      if request in self._waiting:  # else the gate closed it already
-        del self._waiting[request]
-        self._trusted.add(request)
+    with self._cond:
+      self._trust(request)
+
+  def _trust(self, request: socket.socket) -> None:
+    if request in self._waiting:  # else the gate closed it already
+      del self._waiting[request]
+      self._trusted.add(request)
 
   def evicted(self, request: socket.socket) -> bool:
-    with self._lock:
+    with self._cond:
       return request in self._evicted
 
   def gone(self, request: socket.socket) -> None:
-    with self._lock:
+    with self._cond:
       self._waiting.pop(request, None)
       self._trusted.discard(request)
       self._evicted.discard(request)
+      self._cond.notify_all()
 
   def close_all(self) -> None:
-    with self._lock:
+    with self._cond:
       for request in [*self._waiting, *self._trusted]:
         _shut(request)
 
+  def _count(self) -> int:
+    return len(self._waiting) + len(self._trusted) + len(self._evicted)
+
   @property
   def open(self) -> int:
-    with self._lock:
-      return len(self._waiting) + len(self._trusted) + len(self._evicted)
+    with self._cond:
+      return self._count()
 
 
 class _Refusals:
@@ -274,19 +345,27 @@ class _Server(http.server.ThreadingHTTPServer):
   def __init__(self, address: tuple[str, int], offered: Callable[[int], Any], secret: bytes, limit: int):
     self.address_family = socket.AF_INET6 if ':' in address[0] else socket.AF_INET
     self.offered, self.secret = offered, secret
-    self.gate, self.refusals = _Gate(limit), _Refusals()
+    self.gate, self.refusals = _Gate(limit, secret), _Refusals()
+    self.stopping = threading.Event()
     super().__init__(address, _Handler)
 
+  def get_request(self):
+    """The next connection, accepted only once the gate has room for it (until then it waits in the kernel's
+    queue); OSError, which socketserver takes as "nothing to handle", when the server is being stopped."""
+    if not self.gate.room(self.stopping):
+      raise OSError('the peer server is stopping')
+    return super().get_request()
+
   def verify_request(self, request, client_address) -> bool:
-    """Within the gate's limit, else closed at once (socketserver shuts a request refused here)."""
-    admitted, evicted = self.gate.admit(request)
-    if evicted or not admitted:
+    """Within the gate's limit (socketserver shuts a request refused here)."""
+    admitted = self.gate.admit(request)
+    if not admitted:
       self.refusals.add('over the connection cap', client_address[0])
     return admitted
 
   def shutdown_request(self, request) -> None:
-    self.gate.gone(request)
     super().shutdown_request(request)
+    self.gate.gone(request)  # after the close: the gate's count never misses a connection still open
 
   def handle_error(self, request, client_address):
     """A count in the refusals' summary, not socketserver's traceback on stderr (nor a line each)."""
@@ -339,6 +418,7 @@ class PeerServer:
   def stop(self) -> None:
     """Stops serving; a connection still open is ended (every peer is done with this server by now)."""
     if self._server is not None:
+      self._server.stopping.set()  # a wait for room ends: serve_forever can then see the shutdown
       self._server.shutdown()
       self._server.gate.close_all()
       self._server.server_close()
@@ -561,15 +641,9 @@ def _get(address: tuple[str, int], secret: str, step: int, name: str, start: int
   """The donor's answer to GET of one file of `step` (from byte `start`, to byte `end` exclusive), its status
   checked; closed after."""
   where = f'{address[0]}:{address[1]} step {step}'
-  connection = http.client.HTTPConnection(address[0], address[1], timeout=timeout)
   ranged = bool(start) or end is not None
   headers = {SECRET_HEADER: secret, **({'Range': f'bytes={start}-{"" if end is None else end - 1}'} if ranged else {})}
-  try:
-    connection.request('GET', f'/v1/steps/{step}/{name}', headers=headers)
-    response = connection.getresponse()
-  except (OSError, http.client.HTTPException) as e:
-    connection.close()
-    raise PeerUnavailable(f'{where}: {failures.one_line(e)}') from None
+  connection, response = _request(address, f'/v1/steps/{step}/{name}', headers, timeout, where)
   with contextlib.closing(connection):
     if response.status == 403:
       raise PeerRefused(f'{where}: the donor refused this job\'s secret')
@@ -578,6 +652,27 @@ def _get(address: tuple[str, int], secret: str, step: int, name: str, start: int
     if response.status != (206 if ranged else 200):
       raise PeerUnavailable(f'{where}: {name}: HTTP {response.status} {response.reason}')
     yield response
+
+
+def _request(address: tuple[str, int], path: str, headers: dict[str, str], timeout: float,
+             where: str) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+  """The connection and the head of its answer. A connection that fails before an answer (refused, reset, closed
+  unanswered: a donor under a flood, one restarting its server) is tried again after 0.25 s, then twice as long
+  each time, while the first attempt is less than RETRY_SECS old; then PeerUnavailable, and the caller moves on
+  to its next donor. An answer, whatever its status, is not retried here."""
+  first, pause = time.monotonic(), 0.25
+  while True:
+    connection = http.client.HTTPConnection(address[0], address[1], timeout=timeout)
+    try:
+      connection.request('GET', path, headers=headers)
+      return connection, connection.getresponse()
+    except (OSError, http.client.HTTPException) as e:
+      connection.close()
+      if time.monotonic() + pause - first > RETRY_SECS:
+        raise PeerUnavailable(f'{where}: {failures.one_line(e)}') from None
+      logging.info('[autockpt] peer transfer: %s: %s; trying it again in %.2f s', where, failures.one_line(e), pause)
+    time.sleep(pause)
+    pause *= 2
 
 
 def _read(response: http.client.HTTPResponse, where: str, limit: int) -> bytes:
