@@ -66,6 +66,10 @@ def test_a_killed_run_then_a_restart_that_sets_a_damaged_checkpoint_aside(tmp_pa
                             _run(20, 'finish', idle=60.0, restore='set_aside'), marks=marks), tmp_path)
   assert [x.restored_step for x in r.restart_details] == [140, 100]
   assert r.restore_skipped_steps == [140]
+  from pax_autockpt.tools.report import timeline  # pylint: disable=g-import-not-at-top
+  ring = next(c for c in timeline.figure(r).axes[0].collections if c.get_label() == 'set aside by a restore (damaged)')
+  saved = next(s for s in r.saves if s.step == 140)  # run 1's on-demand save: the one run 3 set aside
+  assert [tuple(p) for p in ring.get_offsets()] == [(saved.t - r.t0, 140)]
   m = _buckets_hold(r, truth)
   assert m.seconds['idle_between_runs'] >= 60.0 + 10.0
   trained = m.seconds['productive_training'] + m.seconds['wasted_progress']

@@ -19,6 +19,7 @@ def as_dict(report: model.Report, mtbf_hours: float | None = None) -> dict[str, 
   d = dataclasses.asdict(report)
   for r in d['runs']:
     r.pop('points', None)
+  d.pop('set_aside_points', None)  # the plot's
   if d['local'] is not None:
     d['local'].pop('points', None)
   if mtbf_hours is not None:

@@ -339,6 +339,16 @@ def _local_tier(evs: list[_Event], runs: list[model.Run]) -> model.LocalTier | N
                          count_lower_bound=any(e.run in killed and 'commits' in e.rec for e in mine))
 
 
+def _set_aside_points(skipped: list[_Event], saves: list[model.Save]) -> list[tuple[float, int]]:
+  """Where each checkpoint a restore set aside was saved: the newest committed save of its step before the event."""
+  out = []
+  for e in skipped:
+    before = [s for s in saves if s.step == _step(e) and s.committed and s.t is not None and s.t <= e.t]
+    if before:
+      out.append((before[-1].t, before[-1].step))
+  return out
+
+
 def _adaptive(evs: list[_Event]) -> tuple[float | None, float | None]:
   """The adaptive interval and its MTBF recorded with the job's last continuous save (host 0's when
   it logged any, else the lowest host's)."""
@@ -618,4 +628,4 @@ def load(job_log_dir: str | os.PathLike) -> model.Report:
       save_cost_s=_save_cost(started), interval_p50_s=interval_s.p50,
       restart_cost_s=restart_cost, restart_cost_note=restart_cost_note,
       adaptive_interval_s=adaptive_interval, adaptive_mtbf_hours=adaptive_mtbf, local=_local_tier(evs, runs),
-      restart_phases=_median_phases(restarts))
+      restart_phases=_median_phases(restarts), set_aside_points=_set_aside_points(skipped, saves))

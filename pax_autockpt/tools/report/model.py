@@ -215,3 +215,5 @@ class Report:
   adaptive_interval_s: float | None = None   # the Young/Daly interval at the last continuous save
   adaptive_mtbf_hours: float | None = None   # the MTBF it was computed for (--autockpt_mtbf_hours)
   restart_phases: dict[str, float | None] | None = None  # per RestartPhases field, its median over the restarts
+  # (save start, step) of each checkpoint a restore set aside, for the plot; left out of the JSON output.
+  set_aside_points: list[tuple[float, int]] = dataclasses.field(default_factory=list, repr=False)

@@ -109,6 +109,15 @@ def _plot_saves(ax, r: model.Report, label: _Legend) -> None:
                  label=label(f'save: {reason}' + ('' if committed else ' (not committed)')))
 
 
+def _plot_set_aside(ax, r: model.Report, label: _Legend) -> None:
+  """A ring around the save of each checkpoint a restore set aside (damaged): why the next run restored an older
+  step than the newest saved."""
+  pts = [(t - r.t0, step) for t, step in r.set_aside_points]
+  if pts:
+    ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker='o', s=220, facecolors='none', edgecolors='tab:red',
+               linewidths=1.5, zorder=8, label=label('set aside by a restore (damaged)'))
+
+
 def _plot_preemptions_and_exits(ax, r: model.Report, label: _Legend) -> None:
   for p in r.preemptions:
     ax.axvline(p.t - r.t0, color='tab:red', linestyle='--', linewidth=1,
@@ -166,6 +175,7 @@ def figure(report: model.Report):
   _plot_runs(ax, report, label)
   _plot_saves(ax, report, label)
   _plot_local(ax, report, label)
+  _plot_set_aside(ax, report, label)
   _plot_preemptions_and_exits(ax, report, label)
   ax.set_title(_title(report))
   ax.set_xlabel('wall time since first event (s)')
