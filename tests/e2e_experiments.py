@@ -1,5 +1,7 @@
 """Experiments that only end-to-end tests need (registered like any other, given with --exp=tests...)."""
 
+import time
+
 import jax
 from paxml import experiment_registry
 
@@ -95,3 +97,34 @@ class MediumTwoReplicas(bench.MediumAutockpt):
   def ICI_MESH_SHAPE(self):  # pylint: disable=invalid-name
     return [1, max(1, jax.device_count() // 2), 1]
 
+
+
+class HoldingLatestN:
+  """LatestN(2) whose every call before a signal first holds its thread HOLD_SECS (host 0's background thread
+  runs it after each commit), with a line at either end: a SIGTERM sent at the first line comes while host 0
+  still preserves after a commit, which the second line's place in host 0's log proves."""
+
+  HOLD_SECS = 12.0
+
+  def should_preserve(self, checkpoints, *, context):
+    from absl import logging  # pylint: disable=g-import-not-at-top
+
+    from pax_autockpt import policies  # pylint: disable=g-import-not-at-top
+    from pax_autockpt import signals  # pylint: disable=g-import-not-at-top
+    if signals.received() is None:
+      logging.warning('[test] preservation after a commit: holding %g s', self.HOLD_SECS)
+      time.sleep(self.HOLD_SECS)
+      logging.warning('[test] preservation after a commit: done holding')
+    return policies.LatestN(2).should_preserve(checkpoints, context=context)
+
+
+@experiment_registry.register
+class TwoHostsContinuousHeldPreservation(lm_cloud_autockpt.LmCloudSpmdTinyMultisliceAutockpt):
+  """The 2-host multislice twin saving continuously (at most a save a second) with a preservation policy that
+  holds host 0's background thread after each commit (HoldingLatestN), 60 s of grace."""
+
+  AUTOCKPT_CONTINUOUS = True
+  AUTOCKPT_MIN_INTERVAL_SECS = 1.0
+  AUTOCKPT_PRESERVATION_POLICY = HoldingLatestN()
+  AUTOCKPT_GRACE_SECS = 60.0
+  NUM_TRAIN_STEPS = 100_000
