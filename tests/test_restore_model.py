@@ -191,8 +191,9 @@ class History(stateful.RuleBasedStateMachine):
     save = run.tracker.save_id(step)
     run.pending, run.last_save = (step, save, self._node_at(step)), step
     run.tracker.save_started(step, save)
+    handed = [list(h) for h in run.tracker.at(step).handed]  # as pax_autockpt.saves writes it
     for log in self.disk.logs:
-      log.write('save_started', step=step, reason='continuous', id=save)
+      log.write('save_started', step=step, reason='continuous', id=save, **({'handed': handed} if handed else {}))
 
   @stateful.precondition(lambda self: self.run is not None and self.run.pending is not None)
   @stateful.rule()
@@ -463,3 +464,26 @@ def test_a_run_restored_from_a_checkpoint_a_tool_retrained_grows_from_that_check
   _replay(1, ('restart', {}), ('train', {'steps': 7}), ('sigterm', {}), ('restart', {}), ('sigterm', {}),
           ('rollback', {}), ('tool_retrain', {'own_manifest': False}), ('restart', {}), ('train', {'steps': 1}),
           ('local_save', {'killed_after': 1}), ('sigkill', {'committed': False}))
+
+
+def test_a_rollback_of_a_save_grown_from_a_restored_local_step_discards_that_local_step():
+  """Found by the soak: run A saves local step 19 and is killed; run B restores it and saves 20 on SIGTERM; the
+  user deletes 20. Local step 19 is A's, 20 is B's: only 20's `save_started` (`handed`: B carries on A's line
+  from 19) shows that 19 is in the line the rollback discarded."""
+  _replay(1, ('restart', {}), ('sigterm', {}), ('restart', {}), ('train', {'steps': 18}),
+          ('local_save', {'killed_after': 1}), ('sigkill', {'committed': False}), ('restart', {}), ('sigterm', {}),
+          ('rollback', {}))
+
+
+@pytest.mark.usefixtures('clean_signals')
+def test_a_save_after_a_local_restore_records_the_line_it_carries_on(tmp_path):
+  """The `save_started` event names the runs whose line the save carries on (`handed`), which a rollback of it
+  discards too."""
+  job, settings = tmp_path / 'job', settings_lib.Settings(local_dir=str(tmp_path / 'local'))
+  ckpt, _ = fakes.wrap(job, settings)
+  ckpt._lineage.restored(19, lineage_lib.Lineage('job', 'run-a', None))  # pylint: disable=protected-access
+  ckpt.save_if_needed(20, fakes.STATE)
+  ckpt.wait_until_finished()
+  started, = fakes.events(job, 'save_started')
+  assert started['handed'] == [['run-a', 19]]
+  assert lineage_lib.save_lines([started]) == {started['id']: (('run-a', 19),)}

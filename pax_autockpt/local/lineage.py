@@ -131,6 +131,16 @@ def policy_deleted(events: list[dict[str, Any]]) -> frozenset[tuple[int, str]]:
   return frozenset(gone)
 
 
+def save_lines(events: list[dict[str, Any]]) -> dict[str, tuple[tuple[str, int], ...]]:
+  """Save id -> the earlier runs whose line that save carries on (its `save_started` event's `handed`)."""
+  lines = {}
+  for e in events:
+    handed = e.get('handed')
+    if e.get('event') == 'save_started' and isinstance(e.get('id'), str) and isinstance(handed, list):
+      lines[e['id']] = tuple(tuple(h) for h in handed if _is_hand_over(h))
+  return lines
+
+
 def rolled_back(saves: dict[int, tuple[str | None, ...]], deleted: frozenset[tuple[int, str]],
                 there: list[int], own: dict[int, str | None] | None = None) -> tuple[tuple[int, str], ...]:
   """The commits this log records (`saves`, `committed_saves`) that are gone without a `deleted` record:
@@ -152,12 +162,14 @@ def rolled_back(saves: dict[int, tuple[str | None, ...]], deleted: frozenset[tup
 def refusal(lineage: Lineage, step: int, *, job: str, committed: list[int], set_aside: list[int],
             ever_committed: frozenset[int] = frozenset(),
             saves: dict[int, tuple[str | None, ...]] | None = None, own: dict[int, str | None] | None = None,
-            gone: tuple[tuple[int, str], ...] = ()) -> str | None:
+            gone: tuple[tuple[int, str], ...] = (),
+            lines: dict[str, tuple[tuple[str, int], ...]] | None = None) -> str | None:
   """Why local `step` may not restore into job `job` whose job directory holds `committed` (and damaged
   `set_aside` checkpoints), or None. `saves` (`committed_saves` of this job's event log; `ever_committed`: the
   same steps, without ids): a save still in flight when the step was captured, committed and since deleted, is
   a rollback too, and a checkpoint whose save id (`own`: its manifest's, else its newest commit's) is another
-  than the step's is another save. `gone`: the log's commits since rolled back (`rolled_back`).
+  than the step's is another save. `gone`: the log's commits since rolled back (`rolled_back`), and `lines`
+  the runs each save carried on (`save_lines`).
   Each reason reads after "local step N is not offered: "."""
   if lineage.job != job:
     return f'written by another job (job id {lineage.job}, this job is {job})'
@@ -176,16 +188,20 @@ def refusal(lineage: Lineage, step: int, *, job: str, committed: list[int], set_
   if missing:
     return (f'it grew from checkpoint {max(missing)}, which is no longer in the job directory (rolled back): '
             'restoring it would undo the rollback')
-  return _discarded(lineage, step, gone, anchor) or _newest_problem(lineage, step, committed, saves, own)
+  return _discarded(lineage, step, gone, anchor, lines or {}) or _newest_problem(lineage, step, committed, saves,
+                                                                               own)
 
 
-def _discarded(lineage: Lineage, step: int, gone: tuple[tuple[int, str], ...], anchor: int | None) -> str | None:
-  """Why a rollback discarded the step: a deleted commit of a run in its line, which shared its training
-  past the newest checkpoint of its line still there (`anchor`, else its base): older or newer than the step."""
+def _discarded(lineage: Lineage, step: int, gone: tuple[tuple[int, str], ...], anchor: int | None,
+               lines: dict[str, tuple[tuple[str, int], ...]]) -> str | None:
+  """Why a rollback discarded the step: a deleted commit that shared its training (a run in both lines, up
+  to the older of the two ends of that run's part) past the newest checkpoint of its line still there
+  (`anchor`, else its base): older or newer than the step."""
   floor = max((s for s in (lineage.base, anchor) if s is not None), default=-1)
   for c, save in gone:
+    theirs = [(r[:16], held) for r, held in lines.get(save, ())] + [(save.rsplit('-', 1)[0], c)]
     for run, held in lineage.runs(step):
-      if save.rsplit('-', 1)[0] == run[:16] and min(c, held) > floor:
+      if any(run[:16] == r and min(held, h) > floor for r, h in theirs):
         return (f'checkpoint {c} of its line of training (save {save}) was deleted from the job directory '
                 f'(rolled back, no `deleted` record): restoring it would undo the rollback')
   return None

@@ -132,6 +132,7 @@ class JobState:
   saves: dict[int, tuple[str | None, ...]] = dataclasses.field(default_factory=dict)  # their ids (lineage)
   own: dict[int, str | None] = dataclasses.field(default_factory=dict)  # the save id each checkpoint records
   gone: tuple[tuple[int, str], ...] = ()  # commits the log records, deleted with no record (lineage.rolled_back)
+  lines: dict[str, tuple[tuple[str, int], ...]] = dataclasses.field(default_factory=dict)  # lineage.save_lines
 
   @property
   def newest(self) -> int | None:
@@ -152,7 +153,7 @@ def job_state(job_log_dir: epath.PathLike, job: str, host: int, ckpt_dir: epath.
   paths = {**_aside_paths(job_log_dir, ckpt), **{s: layout.step_dir(ckpt, s) for s in committed}}
   own = {s: _own_id(path, s, primary) for s, path in paths.items()}
   gone = lineage_lib.rolled_back(saves, lineage_lib.policy_deleted(primary), committed + aside, own)
-  return JobState(job, committed, aside, frozenset(saves), saves, own, gone)
+  return JobState(job, committed, aside, frozenset(saves), saves, own, gone, lineage_lib.save_lines(primary))
 
 
 def restored_save(job: JobState, step: int) -> str | None:
@@ -282,7 +283,8 @@ class LocalRestore:
       found = local_format.read_index(path)
       lineage = local_format.lineage_of(found)
       why = lineage_lib.refusal(lineage, step, job=job.job, committed=job.committed, set_aside=job.set_aside,
-                                ever_committed=job.ever_committed, saves=job.saves, own=job.own, gone=job.gone)
+                                ever_committed=job.ever_committed, saves=job.saves, own=job.own, gone=job.gone,
+                                lines=job.lines)
       if why is None:
         local_format.read_shards(path, found)
       else:
