@@ -5,8 +5,9 @@ tests/faults/write_faults.c (LD_PRELOAD) fails the k-th write after the signal t
 a full disk). A dry run counts the writes an exit makes to the target; the walk then fails each of them in turn.
 Every run must still exit with its code (143 after SIGTERM, 130 after Ctrl-C) within the grace budget, with the
 agreed step committed. `make test` fails every such write from the signal on (SIGTERM and Ctrl-C, one host);
-`make soak` walks k on one host and on two under `launch` (every k up to 30, then a sample: `walked`). The README's pipeline itself (`2>&1 | tee`, a Ctrl-C to the whole process group)
-runs for real below, without the shim.
+`make soak` walks k on one host and on two under `launch` (every k up to 30, then a sample: `walked`). The
+README's pipeline itself (`2>&1 | tee`, a Ctrl-C to the whole process group) runs for real below, without the
+shim.
 """
 
 import errno
