@@ -32,7 +32,8 @@ Every key family (name: prefix — written by; read by; deleted):
   RESTORE                autockpt/restore/<attempt>/<step>/<tries>/<phase>  reports (restore's checks)
   SET_ASIDE              autockpt/set-aside/<step>        reports (restore: a damaged checkpoint set aside)
   LINEAGE_IDS            autockpt/lineage/ids             reports (local.lineage: the job's and the run's ids)
-  EXIT_PLAN, EXIT_REPLAN autockpt/exit-plan/<step>, autockpt/exit-replan/<step>  reports (exit_path)
+  EXIT_PLAN, EXIT_REPLAN autockpt/exit-plan/<step>, autockpt/exit-replan/<step>  reports (exit_path); before the
+                                                          plan, autockpt/exit-plan/<step>/deadline: each host's own
   OWED_WORK              autockpt/owed-work               reports (executor: host 0's answer, owed_work)
 
 Reports (agreement.reports, each key used once): <key>/host/<host> every host's finding, <key>/outcome the
