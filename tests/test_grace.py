@@ -85,3 +85,15 @@ def test_a_cancelled_watchdog_never_fires(monkeypatch):
   dog.arm(grace.Deadline(time.time(), 0.2))  # stays cancelled
   time.sleep(0.6)
   assert fired == []
+
+
+def test_a_plan_to_save_after_the_save_in_flight_names_it_for_every_host_and_carries_the_earliest_deadline():
+  """`wait_step`: the hosts wait for that save's commit because host 0's plan says so, not because of their own
+  thread; the deadline every host keeps to is the earliest any host published."""
+  assert grace.plan(_ctx(300, 25.0, in_flight=100, elapsed=5.0)).wait_step == 100
+  assert grace.plan(_ctx(300, 25.0)).wait_step is None
+  assert grace.plan(_ctx(10.0, 25.0, in_flight=100)).wait_step is None  # keep_in_flight: nothing to wait for first
+  late, early = grace.Deadline(1000.0, 60.0), grace.Deadline(990.0, 60.0)
+  assert grace.earliest([late, grace.Deadline.decode(early.encode())]) == early and grace.earliest([]) is None
+  carried = grace.ExitPlan(grace.SAVE, 'why', arrival=early.arrival, grace_secs=early.grace_secs)
+  assert grace.ExitPlan.decode(carried.encode()).deadline.at == 1050.0
