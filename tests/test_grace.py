@@ -94,6 +94,6 @@ def test_a_plan_to_save_after_the_save_in_flight_names_it_for_every_host_and_car
   assert grace.plan(_ctx(300, 25.0)).wait_step is None
   assert grace.plan(_ctx(10.0, 25.0, in_flight=100)).wait_step is None  # keep_in_flight: nothing to wait for first
   late, early = grace.Deadline(1000.0, 60.0), grace.Deadline(990.0, 60.0)
-  assert grace.earliest([late, grace.Deadline.decode(early.encode())]) == early and grace.earliest([]) is None
+  assert grace.earliest([late, grace.Deadline.decode(early.encode())]).at == early.at and grace.earliest([]) is None
   carried = grace.ExitPlan(grace.SAVE, 'why', arrival=early.arrival, grace_secs=early.grace_secs)
   assert grace.ExitPlan.decode(carried.encode()).deadline.at == 1050.0
