@@ -331,6 +331,8 @@ def test_a_peer_showing_its_secret_promptly_is_always_answered_under_a_flood_and
   assert answers and answers == [(200, index)] * len(answers), [a if isinstance(a, str) else a[0] for a in answers]
   assert counts.get('silent_closed_by_server', 0) > cap  # a flood the cap had to turn over
   assert max(seen) <= cap and len(seen) > 20, (max(seen), len(seen))
+  print(f'{len(answers)} requests with the secret, all answered; at most {max(seen)} connections open at a cap of '
+        f'{cap} ({len(seen)} samples); the flood: {counts}')
 
 
 def _closing_first(n):
