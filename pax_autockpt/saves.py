@@ -242,15 +242,17 @@ class JobDirectorySaves:
                save: str | None = None) -> None:
     """In the background thread, first: the event and scalar that say a save began (with the adaptive
     interval that let a continuous save start, for `report`, and the save's id and the earlier runs whose line
-    it carries on, `handed`: a rollback of it discards their local steps too, pax_autockpt.local.lineage)."""
-    handed = self._lineage.at(step).handed if self._lineage is not None and save else ()
+    it carries on, `handed`, and its base's save id, `base`: a rollback of it discards the local steps of that
+    whole line, pax_autockpt.local.lineage)."""
+    grew = self._lineage.at(step) if self._lineage is not None and save else None
+    line = {'handed': [list(h) for h in grew.handed], 'base': grew.base_id} if grew is not None else {}
     adaptive = {}
     interval = self.adaptive_interval() if reason == 'continuous' else None
     if interval is not None:
       adaptive = dict(interval_s=round(interval, 6), mtbf_hours=self._adaptive.mtbf_hours)
     self._events.write('save_started', t=start, step=step, reason=reason, blocking_s=round(blocking, 6),
                        wait_s=round(waited, 6), nice=priority.thread_nice(), **adaptive,
-                       **({'id': save} if save else {}), **({'handed': [list(h) for h in handed]} if handed else {}))
+                       **({'id': save} if save else {}), **{k: v for k, v in line.items() if v})
     self._summaries.started(step, start, blocking)
     logging.info('[autockpt] %s save of step %d started (loop blocked %.3f s).', reason, step, blocking)
 

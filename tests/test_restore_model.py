@@ -191,9 +191,10 @@ class History(stateful.RuleBasedStateMachine):
     save = run.tracker.save_id(step)
     run.pending, run.last_save = (step, save, self._node_at(step)), step
     run.tracker.save_started(step, save)
-    handed = [list(h) for h in run.tracker.at(step).handed]  # as pax_autockpt.saves writes it
+    grew = run.tracker.at(step)  # as pax_autockpt.saves writes it
+    line = {'handed': [list(h) for h in grew.handed], 'base': grew.base_id}
     for log in self.disk.logs:
-      log.write('save_started', step=step, reason='continuous', id=save, **({'handed': handed} if handed else {}))
+      log.write('save_started', step=step, reason='continuous', id=save, **{k: v for k, v in line.items() if v})
 
   @stateful.precondition(lambda self: self.run is not None and self.run.pending is not None)
   @stateful.rule()
@@ -485,5 +486,24 @@ def test_a_save_after_a_local_restore_records_the_line_it_carries_on(tmp_path):
   ckpt.save_if_needed(20, fakes.STATE)
   ckpt.wait_until_finished()
   started, = fakes.events(job, 'save_started')
-  assert started['handed'] == [['run-a', 19]]
-  assert lineage_lib.save_lines([started]) == {started['id']: (('run-a', 19),)}
+  assert started['handed'] == [['run-a', 19]] and 'base' not in started  # it grew from no checkpoint
+  assert lineage_lib.save_lines([started]) == {started['id']: ((started['id'].rsplit('-', 1)[0], 20), ('run-a', 19))}
+
+
+def test_a_rollback_discards_the_line_through_a_checkpoint_preservation_deleted():
+  """Found by the soak: run A saves local step 5 and checkpoint 6; run B restores 6 and saves 7; preservation
+  deletes 6 (recorded); the user deletes 7, the last checkpoint. Local step 5 is in 7's line (through 6, whose
+  `save_started` 7's names as its `base`): the restart starts fresh."""
+  _replay(1, ('restart', {}), ('train', {'steps': 5}), ('local_save', {'killed_after': 1}), ('sigterm', {}),
+          ('restart', {}), ('sigterm', {}), ('restart', {}), ('policy_delete', {'data': _Draw(6)}),
+          ('sigkill', {'committed': False}), ('rollback', {}))
+
+
+class _Draw:
+  """A recorded `st.data()` draw."""
+
+  def __init__(self, value):
+    self.value = value
+
+  def draw(self, _):
+    return self.value

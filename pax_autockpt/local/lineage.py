@@ -132,12 +132,20 @@ def policy_deleted(events: list[dict[str, Any]]) -> frozenset[tuple[int, str]]:
 
 
 def save_lines(events: list[dict[str, Any]]) -> dict[str, tuple[tuple[str, int], ...]]:
-  """Save id -> the earlier runs whose line that save carries on (its `save_started` event's `handed`)."""
+  """Save id -> the whole line of training that save ended: (run, step) of every run in it, through its base's
+  save and that one's, as the `save_started` events record them (`handed`, `base`): a rollback of the save
+  discards the states of those runs past the newest checkpoint of that line still there."""
+  started = {e['id']: e for e in events if e.get('event') == 'save_started' and isinstance(e.get('id'), str)}
   lines = {}
-  for e in events:
-    handed = e.get('handed')
-    if e.get('event') == 'save_started' and isinstance(e.get('id'), str) and isinstance(handed, list):
-      lines[e['id']] = tuple(tuple(h) for h in handed if _is_hand_over(h))
+  for save in started:
+    line, seen, at = [], set(), save
+    while at in started and at not in seen:
+      seen.add(at)
+      handed = started[at].get('handed')
+      line += [(at.rsplit('-', 1)[0], started[at]['step'])] + [
+          tuple(h) for h in (handed if isinstance(handed, list) else []) if _is_hand_over(h)]
+      at = started[at].get('base')
+    lines[save] = tuple(line)
   return lines
 
 
