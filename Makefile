@@ -11,7 +11,7 @@ PYTHON310 ?= $(shell for p in "$$(command -v python3.10)" \
   $$(ls -d "$$(pyenv root 2>/dev/null || echo $$HOME/.pyenv)"/versions/3.10*/bin/python3.10 2>/dev/null | sort -rV); do \
   [ -n "$$p" ] && "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 10)' 2>/dev/null && { echo "$$p"; break; }; done)
 
-.PHONY: venv lint test test-fast demo bench bench-scale soak clean
+.PHONY: venv lint test test-fast coverage demo bench bench-scale soak clean
 
 venv: $(VENV)/.installed
 
@@ -34,6 +34,17 @@ lint: venv
 
 test: venv lint
 	$(PYTEST) -q -rs -n 2 --dist loadgroup --durations=25
+
+# Branch coverage of pax_autockpt/ from the whole suite (`make test`'s pytest command), the real processes it
+# starts included (.coveragerc; docs/development.md, "Coverage"). Not part of `make test`. A subset:
+# `make coverage TESTS="tests/test_signals.py" COVERAGE_PYTEST="-q -n 0"`. The report is made even when a
+# test failed; the exit status is pytest's then. HTML in build/coverage/html.
+COVERAGE_PYTEST ?= -q -rs -n 2 --dist loadgroup --durations=25
+coverage: venv
+	rm -rf build/coverage
+	$(VENV)/bin/coverage run -m pytest $(COVERAGE_PYTEST) $(TESTS); code=$$?; \
+	  $(VENV)/bin/coverage combine -q && $(VENV)/bin/coverage report && $(VENV)/bin/coverage html -q || exit $$?; \
+	  exit $$code
 
 # Unit and registry tests only (no real training processes).
 test-fast: venv
