@@ -71,6 +71,7 @@ MINUTES = float(os.environ.get('AUTOCKPT_DIFFERENTIAL_MINUTES', '5'))
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(MINUTES * 60 + 600)  # the run's own length, past the suite's per-test timeout
 def test_live_against_orbax_latest():
   """Generated cases against orbax-latest itself, for MINUTES; a disagreement's (shrunk) case is recorded."""
   if not os.path.exists(D.ORBAX_PYTHON):
