@@ -507,3 +507,12 @@ class _Draw:
 
   def draw(self, _):
     return self.value
+
+
+def test_a_rollback_keeps_a_local_step_that_is_the_state_of_the_set_aside_checkpoint_it_rolls_back_to():
+  """Found by the soak: run A's local step 1 and checkpoint 1 are one state; 1 is set aside, run B restores
+  local step 1 and saves 2 on SIGTERM; the user deletes 2. The rollback keeps 1 (set aside, its state sound):
+  local step 1, the same run's at the same step, is that state and is restored."""
+  _replay(1, ('restart', {}), ('train', {'steps': 1}), ('local_save', {'killed_after': 1}), ('save_start', {}),
+          ('save_commit', {}), ('sigkill', {'committed': False}), ('set_aside', {}), ('restart', {}),
+          ('sigterm', {}), ('rollback', {}))

@@ -196,16 +196,25 @@ def refusal(lineage: Lineage, step: int, *, job: str, committed: list[int], set_
   if missing:
     return (f'it grew from checkpoint {max(missing)}, which is no longer in the job directory (rolled back): '
             'restoring it would undo the rollback')
-  return _discarded(lineage, step, gone, anchor, lines or {}) or _newest_problem(lineage, step, committed, saves,
-                                                                               own)
+  ids = {s: (own[s] or None) if own.get(s) is not None else (saves.get(s) or (None,))[-1] for s in there}
+  return (_discarded(lineage, step, gone, _floor(lineage, step, anchor, ids), lines or {})
+          or _newest_problem(lineage, step, committed, saves, own))
 
 
-def _discarded(lineage: Lineage, step: int, gone: tuple[tuple[int, str], ...], anchor: int | None,
+def _floor(lineage: Lineage, step: int, anchor: int | None, ids: dict[int, str | None]) -> int:
+  """The newest checkpoint of the step's line still there (committed or set aside; -1: none): its base, the
+  newest save it saw start that is there (`anchor`), or a save there of a run in its line at or before that
+  run's part of it (`ids`: step -> the save id of the checkpoint there)."""
+  mine = [s for s, save in ids.items() if save for run, held in lineage.runs(step)
+          if save.rsplit('-', 1)[0] == run[:16] and s <= held]
+  return max((s for s in (lineage.base, anchor, *mine) if s is not None), default=-1)
+
+
+def _discarded(lineage: Lineage, step: int, gone: tuple[tuple[int, str], ...], floor: int,
                lines: dict[str, tuple[tuple[str, int], ...]]) -> str | None:
   """Why a rollback discarded the step: a deleted commit that shared its training (a run in both lines, up
-  to the older of the two ends of that run's part) past the newest checkpoint of its line still there
-  (`anchor`, else its base): older or newer than the step."""
-  floor = max((s for s in (lineage.base, anchor) if s is not None), default=-1)
+  to the older of the two ends of that run's part) past `floor`, the newest checkpoint of its line still
+  there: older or newer than the step."""
   for c, save in gone:
     theirs = [(r[:16], held) for r, held in lines.get(save, ())] + [(save.rsplit('-', 1)[0], c)]
     for run, held in lineage.runs(step):
