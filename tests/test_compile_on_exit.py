@@ -182,3 +182,8 @@ def test_the_harsh_trace_counts_the_train_steps_compiles_paid_and_dropped_from_a
   assert harsh.compiles(compiled) == {'paid': 1, 'dropped': 0}
   assert harsh.compiles(loaded) == {'paid': 0, 'dropped': 0}
   assert harsh.compiles(loaded + 'Compiling _wrapped_step_fn for with\n') == {'paid': 0, 'dropped': 1}
+  hit = "Persistent compilation cache hit for 'pjit__wrapped_step_fn'\n"
+  twice = (f'Compiling _wrapped_step_fn for with\nDEBUG:2026-11-28 20:12:56,409:jax._src.compiler:290: {hit}'
+           f'I1128 20:12:56.409311 1 compiler.py:290] {hit}Finished XLA compilation of pjit(_wrapped_step_fn) in 0.1 '
+           'sec\nCompiling _wrapped_step_fn for with\nFinished XLA compilation of pjit(_wrapped_step_fn) in 0.4 sec\n')
+  assert harsh.compiles(twice) == {'paid': 1, 'dropped': 0}  # one hit logged twice; the eval step compiled
