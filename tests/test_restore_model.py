@@ -516,3 +516,14 @@ def test_a_rollback_keeps_a_local_step_that_is_the_state_of_the_set_aside_checkp
   _replay(1, ('restart', {}), ('train', {'steps': 1}), ('local_save', {'killed_after': 1}), ('save_start', {}),
           ('save_commit', {}), ('sigkill', {'committed': False}), ('set_aside', {}), ('restart', {}),
           ('sigterm', {}), ('rollback', {}))
+
+
+def test_a_base_preservation_deleted_under_a_set_aside_checkpoint_of_the_same_line_is_no_rollback():
+  """Found by the soak: run B's local step 2 and checkpoint 2 are one state, grown from checkpoint 1; 2 is set
+  aside, run C restores local step 2 and saves 3; preservation deletes 1, the user deletes 3. The rollback keeps
+  the set-aside 2, newer than the deleted base 1 in the same line: local step 2 is restored."""
+  _replay(1, ('restart', {}), ('sigterm', {}), ('restart', {}), ('train', {'steps': 1}),
+          ('local_save', {'killed_after': 1}), ('save_start', {}), ('save_commit', {}),
+          ('sigkill', {'committed': False}), ('set_aside', {}), ('restart', {}), ('sigterm', {}), ('restart', {}),
+          ('train', {'steps': 1}), ('policy_delete', {'data': _Draw(1)}), ('sigkill', {'committed': False}),
+          ('rollback', {}))

@@ -189,25 +189,28 @@ def refusal(lineage: Lineage, step: int, *, job: str, committed: list[int], set_
     s, i = other[-1]
     return (f'it grew from checkpoint {s} of another save (id {i}), the job directory\'s {s} is a later save: '
             'restoring it would undo the rollback')
-  # A save it saw start, of a known id, committed and there (the same save): what it grew from before that
-  # save may be gone (preservation, max_to_keep), not rolled back.
-  anchor = max((s for s, i, base in grown if not base and i is not None and s in committed), default=None)
+  # A newer checkpoint of its line there (a save it saw start, of a known id; a save of a run of its line at or
+  # before its part): what it grew from before that may be gone (preservation, max_to_keep), not rolled back.
+  ids = {s: (own[s] or None) if own.get(s) is not None else (saves.get(s) or (None,))[-1] for s in there}
+  anchor = _anchor(lineage, step, grown, committed, ids)
   missing = [s for s, _, _ in grown if s not in there and (anchor is None or s > anchor)]
   if missing:
     return (f'it grew from checkpoint {max(missing)}, which is no longer in the job directory (rolled back): '
             'restoring it would undo the rollback')
-  ids = {s: (own[s] or None) if own.get(s) is not None else (saves.get(s) or (None,))[-1] for s in there}
-  return (_discarded(lineage, step, gone, _floor(lineage, step, anchor, ids), lines or {})
+  floor = max((s for s in (lineage.base, anchor) if s is not None), default=-1)  # the newest of its line there
+  return (_discarded(lineage, step, gone, floor, lines or {})
           or _newest_problem(lineage, step, committed, saves, own))
 
 
-def _floor(lineage: Lineage, step: int, anchor: int | None, ids: dict[int, str | None]) -> int:
-  """The newest checkpoint of the step's line still there (committed or set aside; -1: none): its base, the
-  newest save it saw start that is there (`anchor`), or a save there of a run in its line at or before that
-  run's part of it (`ids`: step -> the save id of the checkpoint there)."""
+def _anchor(lineage: Lineage, step: int, grown: list[tuple[int, str | None, bool]], committed: list[int],
+            ids: dict[int, str | None]) -> int | None:
+  """The newest checkpoint there that the step grew from after its base, or None: a save it saw start (of a
+  known id) committed, or a save there (`ids`: step -> the save id of the checkpoint there, committed or set
+  aside) of a run of its line at or before that run's part of it (the same run's earlier state)."""
+  seen = [s for s, i, base in grown if not base and i is not None and s in committed]
   mine = [s for s, save in ids.items() if save for run, held in lineage.runs(step)
           if save.rsplit('-', 1)[0] == run[:16] and s <= held]
-  return max((s for s in (lineage.base, anchor, *mine) if s is not None), default=-1)
+  return max((*seen, *mine), default=None)
 
 
 def _discarded(lineage: Lineage, step: int, gone: tuple[tuple[int, str], ...], floor: int,
