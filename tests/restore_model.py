@@ -10,7 +10,8 @@ previous one (or of the state it restored). What the model answers:
   least as new as that checkpoint and grown from it; and no rollback discarded it.
 - a rollback: the user deletes checkpoint C (no run live, no `deleted` record), or a tool rewrites it. It
   discards every state that shares C's training past A, the newest checkpoint of C's line still in the job
-  directory, committed or set aside (None: every state of C's line). Deletions by the preservation policy (recorded) are no rollback.
+  directory, committed or set aside (None: every state of C's line). Deletions by the preservation policy
+  (recorded) are no rollback.
 - `newest()`: the allowed state of the highest step (the one a restart must resume).
 """
 
