@@ -28,6 +28,7 @@ from pax_autockpt import compile_on_exit
 from pax_autockpt import layout
 
 AUTO, OFF = 'auto', 'off'
+THRESHOLD = 'jax_persistent_cache_min_compile_time_secs'  # JAX's: programs compiled faster are never written
 MOST_BYTES = 2 << 30  # the default directory's bound: past it, the least recently used entries go...
 DOWN_TO = 0.5  # ...down to this fraction of it, so that pruning is rare
 
@@ -79,8 +80,19 @@ def use(setting: str, job_log_dir: str, prune: bool = True) -> str | None:
   if ours and prune and '://' not in path:  # a bucket: its lifecycle rules bound it, listing costs
     prune_least_recently_used(path)
   jax.config.update('jax_compilation_cache_dir', path)
+  keep_every_compile()
   logging.info('[autockpt] JAX compilation cache: %s', path)
   return path
+
+
+def keep_every_compile() -> None:
+  """JAX writes only programs that took its threshold (1 s) to compile; the eval step on the train input (0.4-0.7 s
+  for the tiny model here) and the RNG's small programs then compile again at every restart. In a cache of ours
+  every program is kept (threshold 0; the LRU bound keeps the directory small), unless the user set the threshold
+  (JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS or --jax_persistent_cache_min_compile_time_secs)."""
+  given = THRESHOLD in flags.FLAGS and flags.FLAGS[THRESHOLD].present
+  if THRESHOLD.upper() not in os.environ and not given:
+    jax.config.update(THRESHOLD, 0.0)
 
 
 def directory(setting: str, job_log_dir: str) -> tuple[str | None, bool]:

@@ -101,10 +101,23 @@ def test_the_setting_is_one_flag_and_attribute_with_a_one_line_error():
 def test_use_sets_jax_before_its_first_compile(jax_flags, monkeypatch, tmp_path):
   updates = []
   monkeypatch.setattr(compilation_cache.jax.config, 'update', lambda *a: updates.append(a))
+  monkeypatch.delenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', raising=False)
   path = compilation_cache.use('auto', str(tmp_path))
   assert path == str(tmp_path / 'autockpt' / 'compilation_cache') and os.path.isdir(path)
-  assert updates == [('jax_compilation_cache_dir', path)] and not os.listdir(path)  # the probe left nothing
-  assert compilation_cache.use('off', str(tmp_path)) is None and len(updates) == 1
+  assert updates[0] == ('jax_compilation_cache_dir', path) and not os.listdir(path)  # the probe left nothing
+  assert compilation_cache.use('off', str(tmp_path)) is None and len(updates) == 2
+
+
+def test_a_cache_of_ours_keeps_every_compile_unless_the_user_set_jaxs_threshold(jax_flags, monkeypatch, tmp_path):
+  """JAX's 1 s threshold left the tiny model's eval step on the train input (0.4-0.7 s) to every restart."""
+  updates = []
+  monkeypatch.setattr(compilation_cache.jax.config, 'update', lambda *a: updates.append(a))
+  monkeypatch.delenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', raising=False)
+  compilation_cache.use('auto', str(tmp_path))
+  assert updates[1:] == [(compilation_cache.THRESHOLD, 0.0)]
+  monkeypatch.setenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '2')
+  compilation_cache.use(str(tmp_path / 'named'), str(tmp_path))
+  assert [u for u in updates if u[0] == compilation_cache.THRESHOLD] == [(compilation_cache.THRESHOLD, 0.0)]
 
 
 def test_a_cache_that_cannot_be_written_costs_one_warning_and_no_cache(jax_flags, monkeypatch, tmp_path, caplog):
