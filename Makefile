@@ -70,11 +70,13 @@ soak: venv
 	@# line); the gs:// keep-latest chain and 2 hosts on one bucket; buddy copies end to end; a donor SIGKILLed
 	@# mid-transfer; the adaptive interval and BestN over 2,000 steps; strangers flooding a live 2-host buddy
 	@# job's peer server (its fixed port taken); the restore's choice against its reference model over 3,000
-	@# generated histories, and the report's buckets against the truth of as many (AUTOCKPT_SOAK_HISTORIES=N for more); the fault walk over every write of a SIGTERM
-	@# and a Ctrl-C exit (stderr, stdout, the event log, the local tier; one host).
+	@# generated histories, and the report's buckets against the truth of as many (AUTOCKPT_SOAK_HISTORIES=N for
+	@# more); the fault walk over the writes of a SIGTERM and a Ctrl-C exit (stderr, stdout, the event log, the local
+	@# tier; one host, and two under launch; every k up to 30, then a sample: AUTOCKPT_WALK_ALL=1 for every k); a
+	@# SIGTERM while host 0 preserves after a commit, 2 hosts on gs:// (one exit plan for every host).
 	$(PYTEST) -q -m soak tests/test_fault_walk.py tests/test_e2e_exact_resume.py tests/test_e2e_multihost.py tests/test_e2e_local_tier.py tests/test_e2e_gcs.py \
 	  tests/test_e2e_policies.py tests/test_local_tier.py tests/test_soak.py tests/test_e2e_peer_flood.py \
-	  tests/test_e2e_single_host.py tests/test_restore_model.py tests/test_report_histories.py
+	  tests/test_e2e_single_host.py tests/test_restore_model.py tests/test_report_histories.py tests/test_e2e_exit_plan.py
 	@# Our policy decisions through the product against orbax-latest (0.12.8, its own Python 3.12 venv) on generated
 	@# histories for AUTOCKPT_DIFFERENTIAL_MINUTES (5); a disagreement's case joins tests/data/orbax_differential_cases.json.
 	tests/orbax_latest/make_venv.sh
