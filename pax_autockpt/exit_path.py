@@ -323,10 +323,7 @@ class ExitPath:
     if not self._saves.applies_preservation:
       return
     left = grace.time_left(deadline)
-    worker = threading.Thread(target=self._preserve, name='autockpt-exit-preservation', daemon=True)
-    worker.start()
-    worker.join(PRESERVE_SECS if left is None else left)
-    if worker.is_alive():
+    if not console.bounded(self._preserve, PRESERVE_SECS if left is None else left, 'autockpt-exit-preservation'):
       logging.warning('[autockpt] The preservation policy\'s deletes did not finish before the exit (%s): the job '
                       'directory may hold more checkpoints than it allows until the next run\'s first commit.',
                       'no time left in the grace period' if left is not None else f'{PRESERVE_SECS:g} s')
