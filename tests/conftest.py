@@ -5,6 +5,7 @@ import fcntl
 import os
 import signal
 import tempfile
+import threading
 import time
 
 import pytest
@@ -107,6 +108,25 @@ def absl_info_logs():
   test in the same worker (absl flag parsing sets it)."""
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
   absl_logging.set_verbosity(absl_logging.INFO)
+
+
+@pytest.fixture
+def exits(monkeypatch, clean_signals):
+  """pax_autockpt.startup_exit's end of the process faked: it ends the calling thread, noting (thread name, code)
+  under the returned condition."""
+  del clean_signals
+  from pax_autockpt import startup_exit  # pylint: disable=g-import-not-at-top  (jax-heavy: only where used)
+  from tests import fakes  # pylint: disable=g-import-not-at-top
+  codes, cond = [], threading.Condition()
+
+  def fake_exit(code):
+    with cond:
+      codes.append((threading.current_thread().name, code))
+      cond.notify_all()
+    raise fakes.ProcessExited()
+
+  monkeypatch.setattr(startup_exit.os, '_exit', fake_exit)
+  return codes, cond
 
 
 @pytest.fixture

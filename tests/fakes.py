@@ -235,6 +235,11 @@ STATE = train_states.TrainState(step=jnp.zeros((), jnp.int32), mdl_vars={'w': jn
                                 opt_states=[{'m': jnp.ones(4, jnp.float32)}])
 
 
+class ProcessExited(Exception):
+  """Raised by the `exits` fixture's stand-in for os._exit (tests/conftest.py): it ends the calling thread
+  instead of the process."""
+
+
 def preempt(signum: int = signal.SIGTERM) -> None:
   """What the SIGTERM handler (or the Ctrl-C watcher) does, without a real signal: the test process must
   survive a mistake."""

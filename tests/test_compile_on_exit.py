@@ -19,24 +19,8 @@ from pax_autockpt import phases as phases_lib
 from pax_autockpt import signals
 from pax_autockpt import startup_exit
 from pax_autockpt.tools.bench import harsh
-from tests.test_startup_exit import _Exited
+from tests import fakes
 from tests.test_startup_exit import _Service
-
-
-@pytest.fixture
-def exits(monkeypatch, clean_signals):
-  """The process's end faked: it ends the calling thread, noting (thread name, code)."""
-  del clean_signals
-  codes, cond = [], threading.Condition()
-
-  def fake_exit(code):
-    with cond:
-      codes.append((threading.current_thread().name, code))
-      cond.notify_all()
-    raise _Exited()
-
-  monkeypatch.setattr(startup_exit.os, '_exit', fake_exit)
-  return codes, cond
 
 
 def _compiling(monkeypatch, setting=compile_on_exit.SIGTERM_ONLY, past=(), cache=True):
@@ -98,7 +82,7 @@ def test_one_host_waits_for_the_compile_and_its_main_thread_exits_143(tmp_path, 
   signals._record(signal.SIGTERM, None)  # pylint: disable=protected-access
   time.sleep(0.3)
   assert codes == [] and events_lib.read(tmp_path) == []  # the compile goes on; nothing exits yet
-  with pytest.raises(_Exited):
+  with pytest.raises(fakes.ProcessExited):
     host.first_step_done()  # the main thread, back at the loop with the compile done and cached
   assert codes == [('MainThread', 143)]
   preemption, = [e for e in events_lib.read(tmp_path, 0) if e['event'] == 'preemption']

@@ -37,25 +37,6 @@ class _Service:
       return self.values[key]
 
 
-class _Exited(Exception):
-  pass
-
-
-@pytest.fixture
-def exits(monkeypatch, clean_signals):
-  del clean_signals
-  codes, cond = [], threading.Condition()
-
-  def fake_exit(code):
-    with cond:
-      codes.append((threading.current_thread().name, code))
-      cond.notify_all()
-    raise _Exited()  # ends the calling thread instead of the process
-
-  monkeypatch.setattr(startup_exit.os, '_exit', fake_exit)
-  return codes, cond
-
-
 def _hosts(tmp_path, service, nothing_to_save=lambda: True):
   return [startup_exit.StartupExit(service, h, events_lib.EventLog(tmp_path, h), 143, 300.0, nothing_to_save,
                                    lambda: 400) for h in (0, 1)]
@@ -100,7 +81,7 @@ def test_a_host_that_finishes_its_first_step_after_another_claimed_the_exit_ends
   service.key_value_set(coordination.STARTUP_EXIT, 'exit|SIGINT|1')  # host 1 got a Ctrl-C during the compile
   host = startup_exit.StartupExit(None, 0, events_lib.EventLog(tmp_path, 0), 143, 300.0, lambda: True, lambda: 400)
   host._client = service  # pylint: disable=protected-access  (no waiting thread: the main thread finds it)
-  with pytest.raises(_Exited):
+  with pytest.raises(fakes.ProcessExited):
     host.first_step_done()
   assert codes[-1][1] == signals.INTERRUPT_EXIT_CODE
   del cond
