@@ -529,13 +529,11 @@ def test_a_base_preservation_deleted_under_a_set_aside_checkpoint_of_the_same_li
           ('rollback', {}))
 
 
-@pytest.mark.xfail(strict=True, reason='known, conservative: the rollback floor is the newest checkpoint of the '
-                   "local step's own line, not of the deleted save's line (a set-aside descendant is missed)")
 def test_a_rollback_keeps_a_local_step_older_than_the_set_aside_checkpoint_grown_from_it():
-  """Found by the soak, not fixed yet: run A's local step 1; run B restores it and saves 2; run C saves 3 from 2;
-  the user deletes 3 (the rollback keeps 2), then 2 is set aside. Local step 1 is an ancestor of the kept 2 and
-  may be restored; the product refuses it (a fresh start: an older state of the same line, never a forbidden
-  one)."""
+  """Found by the soak: run A's local step 1; run B restores it and saves 2; run C saves 3 from 2; the user
+  deletes 3 (the rollback keeps 2), then 2 is set aside. Local step 1 is an ancestor of the kept 2 and is
+  restored: the rollback's kept point is found along the deleted save's line, not the local step's (which has
+  no checkpoint of its own there)."""
   _replay(1, ('restart', {}), ('train', {'steps': 1}), ('save_start', {}), ('local_save', {'killed_after': 1}),
           ('train', {'steps': 1}), ('local_save', {'killed_after': 0}), ('restart', {}), ('sigterm', {}),
           ('restart', {}), ('sigterm', {}), ('rollback', {}), ('set_aside', {}))

@@ -197,8 +197,7 @@ def refusal(lineage: Lineage, step: int, *, job: str, committed: list[int], set_
   if missing:
     return (f'it grew from checkpoint {max(missing)}, which is no longer in the job directory (rolled back): '
             'restoring it would undo the rollback')
-  floor = max((s for s in (lineage.base, anchor) if s is not None), default=-1)  # the newest of its line there
-  return (_discarded(lineage, step, gone, floor, lines or {})
+  return (_discarded(lineage, step, gone, ids, lines or {})
           or _newest_problem(lineage, step, committed, saves, own))
 
 
@@ -213,18 +212,28 @@ def _anchor(lineage: Lineage, step: int, grown: list[tuple[int, str | None, bool
   return max((*seen, *mine), default=None)
 
 
-def _discarded(lineage: Lineage, step: int, gone: tuple[tuple[int, str], ...], floor: int,
+def _discarded(lineage: Lineage, step: int, gone: tuple[tuple[int, str], ...], ids: dict[int, str | None],
                lines: dict[str, tuple[tuple[str, int], ...]]) -> str | None:
   """Why a rollback discarded the step: a deleted commit that shared its training (a run in both lines, up
-  to the older of the two ends of that run's part) past `floor`, the newest checkpoint of its line still
-  there: older or newer than the step."""
+  to the older of the two ends of that run's part) past the point the rollback kept, older or newer than the
+  step."""
   for c, save in gone:
     theirs = [(r[:16], held) for r, held in lines.get(save, ())] + [(save.rsplit('-', 1)[0], c)]
+    kept = _kept(theirs, ids)
     for run, held in lineage.runs(step):
-      if any(run[:16] == r and min(held, h) > floor for r, h in theirs):
+      if any(run[:16] == r and min(held, h) > kept for r, h in theirs):
         return (f'checkpoint {c} of its line of training (save {save}) was deleted from the job directory '
                 f'(rolled back, no `deleted` record): restoring it would undo the rollback')
   return None
+
+
+def _kept(theirs: list[tuple[str, int]], ids: dict[int, str | None]) -> int:
+  """The step a rollback kept: the newest checkpoint still there (committed or set aside; `ids`: step -> its
+  save id) on the deleted save's own line of training (`theirs`: (run, the step its part ends at)), -1 for
+  none. Its line, not the local step's: a set-aside checkpoint grown from the local step is kept too."""
+  on_line = [s for s, save in ids.items() if save
+             and any(save.rsplit('-', 1)[0] == r and s <= h for r, h in theirs)]
+  return max(on_line, default=-1)
 
 
 def _committed(step: int, save: str | None, saves: dict[int, tuple[str | None, ...]],
