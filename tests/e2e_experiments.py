@@ -1,5 +1,6 @@
 """Experiments that only end-to-end tests need (registered like any other, given with --exp=tests...)."""
 
+import os
 import time
 
 import jax
@@ -72,6 +73,19 @@ class TinyShortSchedule(lm_cloud_autockpt.LmCloudSpmdTinyAutockpt):
 
   NUM_TRAIN_STEPS = 600
   CHECKPOINT_EVERY_N_STEPS = 200
+
+
+@experiment_registry.register
+class TinyIntervalFromEnv(lm_cloud_autockpt.LmCloudSpmdTinyAutockpt):
+  """The tiny experiment with no end in sight and Pax's interval read at start-up from
+  AUTOCKPT_TEST_CHECKPOINT_EVERY (200 unset): a test sets the scene with frequent saves, then runs on with
+  none, so no interval save or end of training can race its signal, however fast the machine runs."""
+
+  NUM_TRAIN_STEPS = 10**6
+
+  @property
+  def CHECKPOINT_EVERY_N_STEPS(self):  # pylint: disable=invalid-name
+    return int(os.environ.get('AUTOCKPT_TEST_CHECKPOINT_EVERY', '200'))
 
 
 @experiment_registry.register
