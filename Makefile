@@ -76,8 +76,7 @@ soak: venv
 	@# SIGTERM while host 0 preserves after a commit, 2 hosts on gs:// (one exit plan for every host).
 	$(PYTEST) -q -m soak tests/test_fault_walk.py tests/test_e2e_exact_resume.py tests/test_e2e_multihost.py tests/test_e2e_local_tier.py tests/test_e2e_gcs.py \
 	  tests/test_e2e_policies.py tests/test_local_tier.py tests/test_soak.py tests/test_e2e_peer_flood.py \
-	  tests/test_e2e_single_host.py tests/test_restore_model.py tests/test_report_histories.py tests/test_e2e_exit_plan.py \
-	  tests/test_peer_serving.py
+	  tests/test_e2e_single_host.py tests/test_restore_model.py tests/test_report_histories.py tests/test_e2e_exit_plan.py
 	@# Our policy decisions through the product against orbax-latest (0.12.8, its own Python 3.12 venv) on generated
 	@# histories for AUTOCKPT_DIFFERENTIAL_MINUTES (5); a disagreement's case joins tests/data/orbax_differential_cases.json.
 	tests/orbax_latest/make_venv.sh

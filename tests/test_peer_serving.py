@@ -288,10 +288,9 @@ def _ask(address):
     connection.close()
 
 
-FLOOD_SECS = 8.0
+FLOOD_MAX_SECS = 100.0  # the flood's bound: the test ends it once the cap has turned over enough strangers
 
 
-@pytest.mark.soak  # how many silent connections the flood gets closed in 8 s depends on this machine's speed
 def test_a_peer_showing_its_secret_promptly_is_always_answered_under_a_flood_and_the_cap_holds(tmp_path, monkeypatch):
   """A stranger's flood, a process of its own (pax_autockpt.tools.bench.flood: silent, trickling and huge-headed
   connections and GETs without the secret, ~255 sockets), while a peer asks again and again with the secret and
@@ -299,14 +298,20 @@ def test_a_peer_showing_its_secret_promptly_is_always_answered_under_a_flood_and
   peer's connection counted as "no secret shown" until its handler had read the head, so eight arrivals in that
   time closed it unanswered. Meanwhile the connections open on the server side, as the kernel lists them, never
   exceed the cap (the gate did not count the ones it had closed that their handler had not closed yet: 10 were
-  seen at a cap of 8)."""
-  read_head = peer._read_head  # pylint: disable=protected-access
+  seen at a cap of 8). The peer asks until the gate has closed 3x the cap's strangers and it was answered 5
+  times, however fast the machine is."""
+  read_head, shut, closed = peer._read_head, peer._shut, [0]  # pylint: disable=protected-access
 
   def late(sock, deadline, gate):
     time.sleep(0.2)
     return read_head(sock, deadline, gate)
 
+  def counted(sock):
+    closed[0] += 1
+    shut(sock)
+
   monkeypatch.setattr(peer, '_read_head', late)
+  monkeypatch.setattr(peer, '_shut', counted)
   donor = transfer._donor(tmp_path / 'donor', 5)  # pylint: disable=protected-access
   cap, stop, seen = peer.MIN_CONNECTIONS, threading.Event(), []
   with peer.PeerServer(lambda s: donor if s == 5 else None, transfer.SECRET) as server:
@@ -314,26 +319,25 @@ def test_a_peer_showing_its_secret_promptly_is_always_answered_under_a_flood_and
     sampler = threading.Thread(target=lambda: [seen.append(_served_sockets_open(port)) or time.sleep(0.005)
                                                for _ in iter(stop.is_set, True)], daemon=True)
     flood = subprocess.Popen([sys.executable, '-m', 'pax_autockpt.tools.bench.flood', '127.0.0.1', str(port),
-                              str(FLOOD_SECS), '--nice', '0'], stdout=subprocess.PIPE, text=True)
+                              str(FLOOD_MAX_SECS), '--nice', '0'], stdout=subprocess.DEVNULL)
     sampler.start()
     try:
-      assert _eventually(lambda: server.connections >= cap)
+      assert _eventually(lambda: server.connections >= cap, wait=60)
       answers, began = [], time.monotonic()
-      while time.monotonic() < began + FLOOD_SECS - 2:
+      while (closed[0] <= 3 * cap or len(answers) < 5) and time.monotonic() < began + FLOOD_MAX_SECS - 10:
         answers.append(_ask(server.address))
-      counts = json.loads(flood.communicate(timeout=120)[0])
+      turned_over = closed[0]
     finally:
       stop.set()
       sampler.join(10)
-      if flood.poll() is None:
-        flood.kill()
-        flood.wait()
+      flood.kill()
+      flood.wait()
   index = (donor / layout.LOCAL_INDEX).read_bytes()
   assert answers and answers == [(200, index)] * len(answers), [a if isinstance(a, str) else a[0] for a in answers]
-  assert counts.get('silent_closed_by_server', 0) > cap  # a flood the cap had to turn over
+  assert turned_over > 3 * cap and len(answers) >= 5, (turned_over, len(answers))  # the cap turned over
   assert max(seen) <= cap and len(seen) > 20, (max(seen), len(seen))
   print(f'{len(answers)} requests with the secret, all answered; at most {max(seen)} connections open at a cap of '
-        f'{cap} ({len(seen)} samples); the flood: {counts}')
+        f'{cap} ({len(seen)} samples); {turned_over} strangers closed by the gate')
 
 
 def _closing_first(n):
