@@ -30,7 +30,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml Makefile
 
 # The 2-space Google style (ruff.toml), then the whole suite.
 lint: venv
-	$(VENV)/bin/ruff check pax_autockpt experiments tests
+	$(VENV)/bin/ruff check pax_autockpt experiments tests rigs
 
 test: venv lint
 	$(PYTEST) -q -rs -n 2 --dist loadgroup --durations=25
@@ -55,14 +55,14 @@ demo: venv
 
 # Long measurements on demand, never in CI.
 bench: venv
-	$(PY) -m pax_autockpt.tools.bench --out bench
+	$(PY) -m rigs.bench --out bench
 
 soak: venv
-	$(PY) -m pax_autockpt.tools.soak --cycles 30 --num_hosts 1
-	$(PY) -m pax_autockpt.tools.soak --cycles 10 --num_hosts 2 --seed 1
-	$(PY) -m pax_autockpt.tools.soak --scale 8
-	$(PY) -m pax_autockpt.tools.soak --cycles 30 --num_hosts 1 --gcs
-	$(PY) -m pax_autockpt.tools.soak --cycles 10 --num_hosts 2 --seed 1 --gcs
+	$(PY) -m rigs.soak --cycles 30 --num_hosts 1
+	$(PY) -m rigs.soak --cycles 10 --num_hosts 2 --seed 1
+	$(PY) -m rigs.soak --scale 8
+	$(PY) -m rigs.soak --cycles 30 --num_hosts 1 --gcs
+	$(PY) -m rigs.soak --cycles 10 --num_hosts 2 --seed 1 --gcs
 	@# Exact resume (a real input's position) on 1 host three ways, and on 2 hosts and gs://; 2 hosts from a
 	@# 1-host checkpoint with a terminal's Ctrl-C; stock paxml main with a SIGTERM during the restore; 4 hosts in 2 slices; the local
 	@# tier on 2 hosts (a replaced host filled by its replica, gs://; the Medium state's replica streamed) and
@@ -84,7 +84,7 @@ soak: venv
 
 # The save decision's protocol at 8 to 1,024 simulated hosts (no model; ~20 minutes).
 bench-scale: venv
-	$(PY) -m pax_autockpt.tools.bench --only decision_scale --pairs 3 --out bench
+	$(PY) -m rigs.bench --only decision_scale --pairs 3 --out bench
 
 clean:
 	rm -rf $(VENV) *.egg-info demo_run

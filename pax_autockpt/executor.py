@@ -11,21 +11,21 @@ from absl import logging
 import jax
 from paxml import executors
 
-from pax_autockpt import agreement
-from pax_autockpt import checkpointer as checkpointer_lib
-from pax_autockpt import console
-from pax_autockpt import coordination
-from pax_autockpt import events as events_lib
-from pax_autockpt import failures
-from pax_autockpt import goodput_recording
-from pax_autockpt import internals
 from pax_autockpt import layout
-from pax_autockpt import metrics as metrics_lib
-from pax_autockpt import owed_work
 from pax_autockpt import settings as settings_lib
-from pax_autockpt import signals
-from pax_autockpt import startup_times
-from pax_autockpt import stops
+from pax_autockpt.exit import owed_work
+from pax_autockpt.hook import checkpointer as checkpointer_lib
+from pax_autockpt.hook import goodput_recording
+from pax_autockpt.hosts import agreement
+from pax_autockpt.save import metrics as metrics_lib
+from pax_autockpt.shared import coordination
+from pax_autockpt.shared import events as events_lib
+from pax_autockpt.shared import failures
+from pax_autockpt.shared import internals
+from pax_autockpt.shared import stops
+from pax_autockpt.signals import console
+from pax_autockpt.signals import signals
+from pax_autockpt.startup import startup_times
 
 
 class AutockptExecutor(executors.DefaultExecutor):
@@ -79,7 +79,7 @@ class AutockptExecutor(executors.DefaultExecutor):
   def _owe_cut_programs(self, wrapped: checkpointer_lib.AutockptCheckpointer, job_log_dir, num_train_steps: int
                         ) -> None:
     """A restart at the last step after an exit that cut its eval or decode short runs them before the loop
-    ends (pax_autockpt.owed_work): host 0 reads its event log, every host follows its answer."""
+    ends (pax_autockpt.exit.owed_work): host 0 reads its event log, every host follows its answer."""
     mine = None
     if jax.process_index() == 0:
       try:
@@ -113,7 +113,7 @@ class AutockptExecutor(executors.DefaultExecutor):
 
   def _stopped(self, stop: stops.StopTraining) -> None:
     """Training stopped for a preemption (exit 143, or 130 after Ctrl-C) or a save that did not commit (1); in
-    the main thread, or in pax_autockpt.rescue's when the main thread was held."""
+    the main thread, or in pax_autockpt.exit.rescue's when the main thread was held."""
     if isinstance(stop, stops.Preempted):
       code = signals.INTERRUPT_EXIT_CODE if stop.signal == 'SIGINT' else self._settings.exit_code
       self._log_run_recap(code)
@@ -124,7 +124,7 @@ class AutockptExecutor(executors.DefaultExecutor):
 
   def _log_run_recap(self, code: int) -> None:
     """One line that tells this run's story: what it trained and saved, and what a rerun does (the log's
-    `run summary:` line; TensorBoard's summaries are pax_autockpt.summaries')."""
+    `run summary:` line; TensorBoard's summaries are pax_autockpt.shared.summaries')."""
     ckpt = self._checkpointer
     first, last, saved = ckpt.step_to_restore or 0, ckpt.last_step, ckpt.committed_this_run
     newest = ckpt.newest_committed()

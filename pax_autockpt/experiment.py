@@ -7,9 +7,9 @@ executor. A bad setting ends the run here with one line and exit 2 (stock main w
 
 import sys
 
-from pax_autockpt import hosts
 from pax_autockpt import settings as settings_lib
-from pax_autockpt import startup_times
+from pax_autockpt.hosts import hosts
+from pax_autockpt.startup import startup_times
 
 
 def _config_error(message: str) -> None:
@@ -30,7 +30,7 @@ class AutockptMixin:
 
   def validate(self) -> None:
     startup_times.mark(startup_times.VALIDATED)  # paxml's setup_jax (jax.distributed's initialize) just ended
-    from pax_autockpt import signals  # pylint: disable=g-import-not-at-top
+    from pax_autockpt.signals import signals  # pylint: disable=g-import-not-at-top
     signals.take_sigterm_back_from_xla()  # a SIGTERM from here on is recorded on arrival, not only by XLA
     super().validate()
     try:
@@ -41,7 +41,7 @@ class AutockptMixin:
     self._check_mesh()
     from absl import logging  # pylint: disable=g-import-not-at-top
 
-    from pax_autockpt import internals  # pylint: disable=g-import-not-at-top  (orbax-heavy)
+    from pax_autockpt.shared import internals  # pylint: disable=g-import-not-at-top  (orbax-heavy)
     warning = internals.version_warning()
     if warning:
       logging.warning('[autockpt] %s', warning)
@@ -54,7 +54,7 @@ class AutockptMixin:
     do nothing, and hosts would commit before their peers finished writing."""
     import jax  # pylint: disable=g-import-not-at-top
 
-    from pax_autockpt import coordination  # pylint: disable=g-import-not-at-top
+    from pax_autockpt.shared import coordination  # pylint: disable=g-import-not-at-top
     if jax.process_count() > 1 and coordination.client() is None:
       _config_error(f'{jax.process_count()} processes but no jax.distributed coordination service: pass '
                     '--jax_fully_async_checkpoint=true (python -m pax_autockpt.main does) or call '

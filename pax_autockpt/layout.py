@@ -8,7 +8,7 @@ JOB_LOG_DIR/
   autockpt/host<IDX>.log             a host's output under `pax-autockpt launch` (local disk only)
   autockpt/unrestorable/             damaged checkpoints moved aside (local disk)
   autockpt/job_id                    the job's identity, made once (pax_autockpt.local.lineage)
-  autockpt/compilation_cache/        JAX's compiled programs, for the next start (pax_autockpt.compilation_cache)
+  autockpt/compilation_cache/        JAX's compiled programs for the next start (pax_autockpt.startup.compilation_cache)
   summaries/autockpt/                the save scalars for TensorBoard
 
 LOCAL_DIR/ (the local tier, one per host, --autockpt_local_dir with {host} replaced)
@@ -192,7 +192,7 @@ def uncommit_and_delete(path: epath.Path) -> None:
 
 
 def manifest_dir(path: epath.Path) -> epath.Path:
-  """Inside a checkpoint: the content manifest, one file per host (pax_autockpt.manifest)."""
+  """Inside a checkpoint: the content manifest, one file per host (pax_autockpt.shared.manifest)."""
   return path / 'autockpt_manifest'
 
 
@@ -221,7 +221,7 @@ def set_aside_steps(job_log_dir: epath.PathLike) -> list[int]:
 
 
 def compilation_cache_dir(job_log_dir: epath.PathLike) -> epath.Path:
-  """JAX's persistent compilation cache where the user named none (pax_autockpt.compilation_cache)."""
+  """JAX's persistent compilation cache where the user named none (pax_autockpt.startup.compilation_cache)."""
   return autockpt_dir(job_log_dir) / 'compilation_cache'
 
 

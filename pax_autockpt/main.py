@@ -5,7 +5,7 @@ r"""Drop-in for paxml/main.py that is preemption-safe by default.
 
 Same flags as paxml/main.py, with --jax_fully_async_checkpoint and --exit_after_ondemand_checkpoint
 defaulting to true, --tensorstore_use_ocdbt to true for a gs:// job directory,
---host_idx/--num_hosts/--server_addr derived when not given (pax_autockpt.hosts),
+--host_idx/--num_hosts/--server_addr derived when not given (pax_autockpt.hosts.hosts),
 and the --autockpt_* flags of pax_autockpt.settings.
 """
 
@@ -13,16 +13,16 @@ and the --autockpt_* flags of pax_autockpt.settings.
 # checks that need no paxml fail fast.
 import sys  # pylint: disable=g-bad-import-order
 
-from pax_autockpt import environment  # pylint: disable=g-bad-import-order
+from pax_autockpt.startup import environment  # pylint: disable=g-bad-import-order
 
 _UNFIT = environment.problem()
 if _UNFIT:  # one line, not a traceback, from an interpreter without paxml's environment
   print(f'error: {_UNFIT}', file=sys.stderr, flush=True)
   sys.exit(2)
 
-from pax_autockpt import precheck  # pylint: disable=g-import-not-at-top,wrong-import-position
 from pax_autockpt import settings as settings_lib
-from pax_autockpt import signals
+from pax_autockpt.signals import signals
+from pax_autockpt.startup import precheck  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -47,7 +47,7 @@ if __name__ == '__main__':
     sys.exit(0)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from pax_autockpt import lambda_source
+from pax_autockpt.startup import lambda_source
 
 lambda_source.install()  # ~3 s off importing paxml just below
 
@@ -66,15 +66,16 @@ import jax
 from paxml import experiment_registry
 from paxml import main as pax_main
 
-from pax_autockpt import compilation_cache
-from pax_autockpt import experiment_names
-from pax_autockpt import failures
-from pax_autockpt import hosts
 from pax_autockpt import layout
-from pax_autockpt import mesh
-from pax_autockpt import startup_times
-from pax_autockpt import stops
+from pax_autockpt.exit import compile_on_exit
+from pax_autockpt.hosts import hosts
+from pax_autockpt.hosts import mesh
 from pax_autockpt.local import lock
+from pax_autockpt.shared import failures
+from pax_autockpt.shared import stops
+from pax_autockpt.startup import compilation_cache
+from pax_autockpt.startup import experiment_names
+from pax_autockpt.startup import startup_times
 
 startup_times.mark(startup_times.IMPORTED)  # process start -> here: the `start` event's imported_s
 
@@ -207,6 +208,7 @@ def _use_compilation_cache(settings: settings_lib.Settings | None, wiring: hosts
   --autockpt_compilation_cache (AUTOCKPT_COMPILATION_CACHE): after the flags are parsed (JAX's own are
   applied then), before paxml's first compile."""
   setting = settings.compilation_cache if settings else FLAGS.autockpt_compilation_cache or compilation_cache.AUTO
+  compile_on_exit.watch()  # counts compiles and cache loads from here on (the `first_step` event's)
   compilation_cache.use(setting, os.fspath(FLAGS.job_log_dir), prune=not wiring.host_idx)
 
 

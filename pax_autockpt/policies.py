@@ -7,7 +7,7 @@ decision is `should_save(step_info, previous_steps, *, context)`, where `step_in
 as a `CheckpointInfo` whose `time` is now; `time` is a timezone-aware datetime, as in orbax.
 
 Pure decisions fed a context object. The checkpointer asks them on the primary host and publishes the
-answer to every host (pax_autockpt.agreement), so all hosts start the same saves. `ask_save` and
+answer to every host (pax_autockpt.hosts.agreement), so all hosts start the same saves. `ask_save` and
 `to_delete` are the boundary where the checkpointer's facts (int steps, unix times, the metrics Pax
 logged) become orbax-shaped objects, and where a policy's answer becomes plain bools again. Inside, every
 time is a timezone-aware datetime (`utc`): `CheckpointInfo.time` and `PreservationContext.now`, which

@@ -17,10 +17,10 @@ import pytest
 os.environ['GCS_STAT_CACHE_MAX_AGE'] = '0'
 os.environ['GCS_READ_CACHE_MAX_SIZE_MB'] = '0'
 
-from pax_autockpt import events as events_lib
-from pax_autockpt import grace
 from pax_autockpt import layout
-from pax_autockpt import signals
+from pax_autockpt.shared import events as events_lib
+from pax_autockpt.signals import grace
+from pax_autockpt.signals import signals
 from pax_autockpt.tools import process
 from tests import forkserver
 
@@ -84,7 +84,7 @@ _SLOWEST_FIRST = ('test_readme_tutorial.py', 'test_e2e_multihost.py', 'test_e2e_
 def pytest_configure(config):
   """Every training process the suite starts shares one JAX persistent compilation cache: ~9 s less per
   process after the first of each experiment (the train step alone compiles in ~6.7 s here). Safe on
-  CPU because a restored state is copied out of NumPy's memory first (pax_autockpt.compilation_cache).
+  CPU because a restored state is copied out of NumPy's memory first (pax_autockpt.startup.compilation_cache).
   A path of the caller's own wins; each machine user gets one directory, kept between runs (entries
   are keyed by the program, jax version and flags, and checksummed)."""
   del config
@@ -112,10 +112,10 @@ def absl_info_logs():
 
 @pytest.fixture
 def exits(monkeypatch, clean_signals):
-  """pax_autockpt.startup_exit's end of the process faked: it ends the calling thread, noting (thread name, code)
+  """pax_autockpt.exit.startup_exit's end of the process faked: it ends the calling thread, noting (thread name, code)
   under the returned condition."""
   del clean_signals
-  from pax_autockpt import startup_exit  # pylint: disable=g-import-not-at-top  (jax-heavy: only where used)
+  from pax_autockpt.exit import startup_exit  # pylint: disable=g-import-not-at-top  (jax-heavy: only where used)
   from tests import fakes  # pylint: disable=g-import-not-at-top
   codes, cond = [], threading.Condition()
 
@@ -160,7 +160,7 @@ def local_gcs(tmp_path_factory):
   Its variables go into this process's environment, so that the tests' own checks (layout, events,
   report on gs://) and every training process they start use it through TF's built-in client.
   """
-  from pax_autockpt.tools import local_gcs as local_gcs_lib  # pylint: disable=g-import-not-at-top
+  from rigs import local_gcs as local_gcs_lib  # pylint: disable=g-import-not-at-top
   gcs = local_gcs_lib.LocalGCS(str(tmp_path_factory.mktemp('gcs'))).start()
   saved = dict(os.environ)
   os.environ.update(gcs.env())

@@ -7,7 +7,7 @@ from etils import epath
 import numpy as np
 
 from pax_autockpt import layout
-from pax_autockpt import manifest as manifest_lib
+from pax_autockpt.shared import manifest as manifest_lib
 from pax_autockpt.tools import verify
 
 

@@ -124,7 +124,7 @@ class HoldingLatestN:
     from absl import logging  # pylint: disable=g-import-not-at-top
 
     from pax_autockpt import policies  # pylint: disable=g-import-not-at-top
-    from pax_autockpt import signals  # pylint: disable=g-import-not-at-top
+    from pax_autockpt.signals import signals  # pylint: disable=g-import-not-at-top
     if signals.received() is None:
       logging.warning('[test] preservation after a commit: holding %g s', self.HOLD_SECS)
       time.sleep(self.HOLD_SECS)

@@ -1,6 +1,6 @@
 """A fake of paxml's training checkpointer for the unit tests, small enough to read at once.
 
-It has exactly what pax_autockpt touches (see pax_autockpt/internals.py) and writes checkpoints on
+It has exactly what pax_autockpt touches (see pax_autockpt/shared/internals.py) and writes checkpoints on
 local disk the way orbax 0.5.9 does: `checkpoint_%08d.orbax-checkpoint-tmp-<n>` first, renamed to
 `checkpoint_%08d` (the commit) by a background finalize thread. A test holds the commit back by
 clearing `FakeOrbaxManager.gate`, makes it fail with `fail_commit`, or makes the save fail to start
@@ -21,18 +21,18 @@ import jax
 from jax import numpy as jnp
 from paxml import train_states
 
-from pax_autockpt import checkpointer as checkpointer_lib
-from pax_autockpt import coordination
-from pax_autockpt import events as events_lib
 from pax_autockpt import settings as settings_lib
-from pax_autockpt import signals
+from pax_autockpt.hook import checkpointer as checkpointer_lib
+from pax_autockpt.shared import coordination
+from pax_autockpt.shared import events as events_lib
+from pax_autockpt.signals import signals
 
 GATE_TIMEOUT_S = 5.0  # a commit held back longer fails, so that a broken wrapper fails, not hangs
 _NAME = re.compile(r'checkpoint_(\d{8})')
 
 
 def write_checkpoint(path: epath.Path) -> epath.Path:
-  """What a restorable checkpoint holds, as far as pax_autockpt.integrity looks."""
+  """What a restorable checkpoint holds, as far as pax_autockpt.restore.integrity looks."""
   (path / 'state').mkdir(parents=True, exist_ok=True)
   (path / 'state' / 'w').write_bytes(b'x')
   (path / 'metadata').mkdir()
@@ -249,7 +249,7 @@ def preempt(signum: int = signal.SIGTERM) -> None:
 def wrap(job_log_dir, settings: settings_lib.Settings | None = None, metrics=None, **fake_kwargs
          ) -> tuple[checkpointer_lib.AutockptCheckpointer, FakePaxCheckpointer]:
   """An AutockptCheckpointer (host 0, exit after an on-demand save) around a new fake; `metrics` a
-  pax_autockpt.metrics.StepMetrics the test feeds as Pax's programs would."""
+  pax_autockpt.save.metrics.StepMetrics the test feeds as Pax's programs would."""
   fake = FakePaxCheckpointer(job_log_dir, **fake_kwargs)
   wrapped = checkpointer_lib.AutockptCheckpointer(
       fake, settings=settings or settings_lib.Settings(), events=events_lib.EventLog(job_log_dir, 0),
@@ -277,7 +277,7 @@ def raises(error: BaseException):
 
 
 class CoordinationStore:
-  """The coordination service as pax_autockpt.agreement uses it, for threads standing in for `hosts` hosts:
+  """The coordination service as pax_autockpt.hosts.agreement uses it, for threads standing in for `hosts` hosts:
   a key is set once (ALREADY_EXISTS after), a blocking get ends in DEADLINE_EXCEEDED, and a barrier counts
   its timeout from its first arrival, as jaxlib 0.4.26's do."""
 

@@ -30,7 +30,7 @@ import threading
 import time
 import traceback
 
-from pax_autockpt import standby
+from pax_autockpt.startup import standby
 from pax_autockpt.tools import launcher
 from pax_autockpt.tools import process
 
@@ -42,7 +42,7 @@ RUNTIME_VARIABLES = standby.RUNTIME_VARIABLES
 
 
 def _preload() -> None:
-  """What `pax_autockpt.main` imports after its own checks (`pax_autockpt.standby.preload`)."""
+  """What `pax_autockpt.main` imports after its own checks (`pax_autockpt.startup.standby.preload`)."""
   standby.preload()
 
 

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 
-DRIVER = ('import sys; from pax_autockpt import standby; standby.MAIN = "tests.launch_fake_host"; '
+DRIVER = ('import sys; from pax_autockpt.startup import standby; standby.MAIN = "tests.launch_fake_host"; '
           'from pax_autockpt.tools import cli; sys.exit(cli.main(sys.argv[1:]))')
 
 

@@ -4,7 +4,7 @@ A history is a sequence of runs on one or more hosts: a fresh first run, then re
 directory or the local tier, set a damaged checkpoint aside, fall back from a local step that failed to read, start
 the input over, or fail before training (a restore that fails: `restore_failed` and exit 1; a process killed in its
 restore). Runs end on SIGTERM (an on-demand save, exit 143), by a kill (no exit event), or finished (exit 0). Hosts
-other than 0 may run on a skewed clock. `write` replays it through `pax_autockpt.events.EventLog`, one writer per
+other than 0 may run on a skewed clock. `write` replays it through `pax_autockpt.shared.events.EventLog`, one writer per
 process and host, with each event's time and fields as the product writes them; `truth` is the true time in every
 bucket of `pax_autockpt.tools.report.measured`, computed from the timeline, not from the log.
 
@@ -24,8 +24,8 @@ from typing import Any
 from etils import epath
 from hypothesis import strategies as st
 
-from pax_autockpt import events as events_lib
-from pax_autockpt.progress import PROGRESS_SECS
+from pax_autockpt.hook.progress import PROGRESS_SECS
+from pax_autockpt.shared import events as events_lib
 
 LOCAL_SUMMARY_SECS = 60.0  # pax_autockpt.local.saving.SUMMARY_SECS (test_report_histories checks it)
 LOCAL_COMMIT_S = 0.03
@@ -274,7 +274,7 @@ class _Sim:
 
 
 class _Marks:
-  """pax_autockpt.progress.ProgressMarks on host 0: the first iteration sets the due time, then one mark per
+  """pax_autockpt.hook.progress.ProgressMarks on host 0: the first iteration sets the due time, then one mark per
   PROGRESS_SECS."""
 
   def __init__(self, p: _Process, first_iteration: float):

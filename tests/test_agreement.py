@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from pax_autockpt import agreement
-from pax_autockpt import hosts
+from pax_autockpt.hosts import agreement
+from pax_autockpt.hosts import hosts
 
 
 class FakeStore:

@@ -1,4 +1,4 @@
-"""The loop's snapshot of the state (pax_autockpt.background_save.to_host), on this machine's CPU."""
+"""The loop's snapshot of the state (pax_autockpt.save.background_save.to_host), on this machine's CPU."""
 
 from concurrent import futures
 import threading
@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pax_autockpt import background_save
-from pax_autockpt import internals
-from pax_autockpt import priority
+from pax_autockpt.save import background_save
+from pax_autockpt.shared import internals
+from pax_autockpt.shared import priority
 
 
 def _state():
@@ -69,7 +69,7 @@ def test_an_input_without_get_state_is_saved_by_reference_with_one_warning(caplo
 
 
 def test_a_lowered_save_thread_and_the_threads_it_starts_run_at_that_nice_value_and_no_other_thread_does():
-  """pax_autockpt.priority.lower_priority: per thread on Linux, inherited by the threads it
+  """pax_autockpt.shared.priority.lower_priority: per thread on Linux, inherited by the threads it
   starts (orbax's commit thread, asyncio's executors), never the caller's."""
   import threading  # pylint: disable=g-import-not-at-top
   got = {}

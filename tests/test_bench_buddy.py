@@ -1,4 +1,4 @@
-"""The buddy-copy bench scenarios' pure helpers (pax_autockpt.tools.bench.buddy, plan_scale): no bench runs here,
+"""The buddy-copy bench scenarios' pure helpers (rigs.bench.buddy, plan_scale): no bench runs here,
 no timed assert."""
 
 import math
@@ -9,8 +9,8 @@ import time
 
 from pax_autockpt import layout
 from pax_autockpt.local import restoring
-from pax_autockpt.tools.bench import buddy as bench_buddy
-from pax_autockpt.tools.bench import plan_scale
+from rigs.bench import buddy as bench_buddy
+from rigs.bench import plan_scale
 
 
 def test_planscale_reports_plan_the_newest_step_own_copies_or_one_share_from_its_keepers_buddy_copy():

@@ -3,7 +3,7 @@
 import json
 import pathlib
 
-from pax_autockpt.tools.bench import markdown
+from rigs.bench import markdown
 
 BENCH = pathlib.Path(__file__).parent.parent / 'bench'
 

@@ -1,11 +1,11 @@
-"""The failure-trace bench scenario's pure helpers (pax_autockpt.tools.bench.trace): no training process here."""
+"""The failure-trace bench scenario's pure helpers (rigs.bench.trace): no training process here."""
 
 import statistics
 
-from pax_autockpt.tools.bench import trace
-from pax_autockpt.tools.bench.trace import Failure
-from pax_autockpt.tools.bench.trace import Segment
 from pax_autockpt.tools.report import measured
+from rigs.bench import trace
+from rigs.bench.trace import Failure
+from rigs.bench.trace import Segment
 
 
 def test_failure_trace_is_the_seeds_and_the_same_every_time():

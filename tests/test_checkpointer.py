@@ -11,12 +11,12 @@ from unittest import mock
 from jax import numpy as jnp
 import pytest
 
-from pax_autockpt import events as events_lib
 from pax_autockpt import layout
-from pax_autockpt import metrics as metrics_lib
 from pax_autockpt import policies
 from pax_autockpt import settings as settings_lib
-from pax_autockpt import stops
+from pax_autockpt.save import metrics as metrics_lib
+from pax_autockpt.shared import events as events_lib
+from pax_autockpt.shared import stops
 from tests import fakes
 from tests import test_policies
 from tests.fakes import STATE
@@ -318,7 +318,7 @@ def test_notice_action_save_and_exit_exits_once_the_notice_save_commits(job):
 
 def test_first_step_is_logged_once_per_run_with_the_first_train_step_s_compile(job):
   """At the loop's second iteration (report's end of a restart's downtime), once per run: `compile_s` is the first
-  train_step call's (pax_autockpt.phases), which later steps do not change."""
+  train_step call's (pax_autockpt.shared.phases), which later steps do not change."""
   for run in range(2):  # a restart: a new checkpointer, its own first step
     ckpt, _ = fakes.wrap(job, interval=1000)
     for step in range(10 * run, 10 * run + 4):

@@ -10,9 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-from pax_autockpt import compilation_cache
 from pax_autockpt import settings as settings_lib
 from pax_autockpt.experiment import AutockptMixin
+from pax_autockpt.startup import compilation_cache
 
 
 def _restored_like(host):
@@ -42,7 +42,7 @@ def test_with_the_cache_every_array_moves_to_memory_xla_owns_same_values_and_sha
 
 _DONATE_AFTER_COPY = '''
 import jax, numpy as np
-from pax_autockpt import compilation_cache
+from pax_autockpt.startup import compilation_cache
 host = np.arange(1 << 20, dtype=np.float32)
 state = compilation_cache.owned_by_xla([jax.device_put(host)])
 out = jax.jit(lambda x: x * 2 + 1, donate_argnums=0)(state[0])

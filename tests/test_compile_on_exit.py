@@ -1,6 +1,6 @@
-"""A signal during the first compile (pax_autockpt.compile_on_exit, pax_autockpt.startup_exit): the projection, the
-decision, the wait for the main thread on one and two hosts, the compile counts; the harsh bench trace's pure parts.
-The real compile, cache and exit: tests/test_e2e_first_compile.py."""
+"""A signal during the first compile (pax_autockpt.exit.compile_on_exit, pax_autockpt.exit.startup_exit): the
+projection, the decision, the wait for the main thread on one and two hosts, the compile counts; the harsh bench
+trace's pure parts. The real compile, cache and exit: tests/test_e2e_first_compile.py."""
 
 import atexit
 import signal
@@ -11,14 +11,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 import pytest
 
-from pax_autockpt import compile_on_exit
-from pax_autockpt import coordination
-from pax_autockpt import events as events_lib
-from pax_autockpt import grace
-from pax_autockpt import phases as phases_lib
-from pax_autockpt import signals
-from pax_autockpt import startup_exit
-from pax_autockpt.tools.bench import harsh
+from pax_autockpt.exit import compile_on_exit
+from pax_autockpt.exit import startup_exit
+from pax_autockpt.shared import coordination
+from pax_autockpt.shared import events as events_lib
+from pax_autockpt.shared import phases as phases_lib
+from pax_autockpt.signals import grace
+from pax_autockpt.signals import signals
+from rigs.bench import harsh
 from tests import fakes
 from tests.test_startup_exit import _Service
 

@@ -8,7 +8,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from pax_autockpt import internals
+from pax_autockpt.shared import internals
 
 
 def _state():

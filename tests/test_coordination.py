@@ -1,4 +1,4 @@
-"""The one module that touches JAX's coordination service (pax_autockpt.coordination): its helpers against a
+"""The one module that touches JAX's coordination service (pax_autockpt.shared.coordination): its helpers against a
 stand-in and against jaxlib's own service, its list of key families, and that no other module reaches in."""
 
 import ast
@@ -9,8 +9,8 @@ from jax._src import distributed
 import pytest
 
 import pax_autockpt
-from pax_autockpt import coordination
-from pax_autockpt import hosts
+from pax_autockpt.hosts import hosts
+from pax_autockpt.shared import coordination
 from tests import fakes
 
 
@@ -111,4 +111,4 @@ def test_only_the_coordination_module_reaches_into_jax_s_distributed_state():
   root = os.path.dirname(pax_autockpt.__file__)
   found = sorted(os.path.relpath(os.path.join(d, n), root) for d, _, names in os.walk(root) for n in names
                  if n.endswith('.py') and _imports_jax_distributed(os.path.join(d, n)))
-  assert found == ['coordination.py'], f'{found}: use pax_autockpt.coordination instead'
+  assert found == [os.path.join('shared', 'coordination.py')], f'{found}: use pax_autockpt.shared.coordination instead'

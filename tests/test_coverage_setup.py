@@ -1,7 +1,7 @@
 """`make coverage` counts the lines that only the tests' real processes run (.coveragerc).
 
 The product's exits are often `os._exit` in a child forked without exec (tests/forkserver.py,
-pax_autockpt.standby's hosts): a figure that lost those processes' data would name well-tested exit paths as
+pax_autockpt.startup.standby's hosts): a figure that lost those processes' data would name well-tested exit paths as
 uncovered. One Python process started by a measured one forks; its child runs a product line and ends with
 os._exit. Without coverage nothing of this is patched: the product runs as a user's job does.
 """
@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # product's exits do: no atexit, no flush, so no data unless coverage saves it first).
 GRANDCHILD = textwrap.dedent('''
     import os, signal, sys
-    from pax_autockpt import signals
+    from pax_autockpt.signals import signals
     pid = os.fork()
     if pid == 0:
       print(type(os._exit).__name__, signals.name(signal.SIGTERM), flush=True)
@@ -35,7 +35,7 @@ def _env(**extra) -> dict[str, str]:
 
 
 def _signals_name_line() -> int:
-  with open(os.path.join(ROOT, 'pax_autockpt', 'signals.py')) as f:
+  with open(os.path.join(ROOT, 'pax_autockpt', 'signals', 'signals.py')) as f:
     lines = f.read().splitlines()
   return lines.index('def name(signum: int) -> str:') + 2  # its body
 
@@ -51,7 +51,7 @@ def test_a_forked_childs_lines_are_counted_when_it_ends_with_os_exit(tmp_path):
   assert run.stdout.split()[-1] == 'SIGTERM', run.stdout
   cov = coverage.Coverage(data_file=data)
   cov.combine([str(tmp_path)])
-  signals_py = os.path.join(ROOT, 'pax_autockpt', 'signals.py')
+  signals_py = os.path.join(ROOT, 'pax_autockpt', 'signals', 'signals.py')
   assert _signals_name_line() in (cov.get_data().lines(signals_py) or []), 'the fork\'s data was lost'
 
 

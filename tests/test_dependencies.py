@@ -32,7 +32,7 @@ print(out.unsafe_buffer_pointer() == host.ctypes.data)
 
 
 def test_jax_0_4_26_cached_executables_write_donated_numpy_memory_in_place(tmp_path):
-  """Why pax_autockpt.compilation_cache copies a restored state on CPU: compiled, the donated NumPy
+  """Why pax_autockpt.startup.compilation_cache copies a restored state on CPU: compiled, the donated NumPy
   buffer is copied first; loaded from the cache, the output lands in NumPy's memory (which NumPy frees
   while JAX still uses it). When this fails, jax no longer does it and the copy can go."""
   env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
@@ -43,7 +43,7 @@ def test_jax_0_4_26_cached_executables_write_donated_numpy_memory_in_place(tmp_p
 
 
 def test_other_paxml_or_orbax_versions_are_named_in_one_line(monkeypatch):
-  from pax_autockpt import internals  # pylint: disable=g-import-not-at-top
+  from pax_autockpt.shared import internals  # pylint: disable=g-import-not-at-top
   assert internals.version_warning() is None  # what make venv installs
   monkeypatch.setitem(internals.WRITTEN_FOR, 'orbax-checkpoint', '0.5.8')
   warning = internals.version_warning()

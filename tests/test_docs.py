@@ -220,7 +220,7 @@ def test_every_timing_the_readme_quotes_is_a_dated_bench_figure():
 
 def _our_flags() -> set[str]:
   """The flags of `pax_autockpt.main` (paxml's aside) and of every `pax-autockpt` subcommand."""
-  from pax_autockpt import precheck  # pylint: disable=g-import-not-at-top
+  from pax_autockpt.startup import precheck  # pylint: disable=g-import-not-at-top
   from pax_autockpt.tools import cli  # pylint: disable=g-import-not-at-top
   names = {*precheck._SETTING_FLAGS, 'autockpt_print_wiring', 'help', 'helpfull'}  # pylint: disable=protected-access
   for action in cli._parser()._actions:  # pylint: disable=protected-access

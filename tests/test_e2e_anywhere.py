@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from pax_autockpt import events as events_lib
-from pax_autockpt import rescue
+from pax_autockpt.exit import rescue
+from pax_autockpt.shared import events as events_lib
 from pax_autockpt.tools import process
 from tests import forkserver
 from tests.conftest import assert_restorable

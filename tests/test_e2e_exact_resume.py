@@ -21,11 +21,11 @@ import time
 import pytest
 
 from experiments import tfrecord_lm_input
-from pax_autockpt import events as events_lib
-from pax_autockpt import hosts
 from pax_autockpt import layout
-from pax_autockpt.tools import fake_metadata
+from pax_autockpt.hosts import hosts
+from pax_autockpt.shared import events as events_lib
 from pax_autockpt.tools import process
+from rigs import fake_metadata
 from tests import forkserver
 from tests.conftest import checkpoint_steps
 from tests.test_e2e_multihost import _assert_all_preempted_at_same_step

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from pax_autockpt import events as events_lib
+from pax_autockpt.shared import events as events_lib
 from pax_autockpt.tools import process
 from tests import forkserver
 

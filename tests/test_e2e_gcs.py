@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from pax_autockpt import events as events_lib
-from pax_autockpt import hosts
 from pax_autockpt import layout
+from pax_autockpt.hosts import hosts
+from pax_autockpt.shared import events as events_lib
 from pax_autockpt.tools import process
 from pax_autockpt.tools import report
 from pax_autockpt.tools import verify

@@ -31,8 +31,8 @@ import time
 
 import pytest
 
-from pax_autockpt import events as events_lib
 from pax_autockpt import layout
+from pax_autockpt.shared import events as events_lib
 from pax_autockpt.tools import process
 from tests import forkserver
 from tests.conftest import checkpoint_steps

@@ -20,9 +20,9 @@ import sys
 import pytest
 
 from experiments import tfrecord_lm_input
-from pax_autockpt import events as events_lib
 from pax_autockpt import layout
 from pax_autockpt.local import format as local_format
+from pax_autockpt.shared import events as events_lib
 from pax_autockpt.tools import process
 from tests import forkserver
 from tests.conftest import checkpoint_steps

@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from pax_autockpt import events as events_lib
-from pax_autockpt import hosts
 from pax_autockpt import layout
-from pax_autockpt.tools import fake_metadata
+from pax_autockpt.hosts import hosts
+from pax_autockpt.shared import events as events_lib
 from pax_autockpt.tools import launcher
 from pax_autockpt.tools import process
+from rigs import fake_metadata
 from tests import damage
 from tests import forkserver
 from tests.conftest import assert_restorable

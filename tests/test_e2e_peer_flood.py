@@ -4,7 +4,7 @@
 `make soak`: the model split over 2 hosts (no replica), the local tier every 0.5 s with buddy copies, and
 `--autockpt_local_peer_port` a port this test holds listening (launch gives every host the same one): both
 hosts must say so in one line and serve on another port, and both hosts' copies must still come. Then a
-stranger's flood (pax_autockpt.tools.bench.flood, a process of its own: silent, trickling and huge-headed
+stranger's flood (rigs.bench.flood, a process of its own: silent, trickling and huge-headed
 connections and GETs without the secret) against host 0's server for FLOOD_SECS: host 0's memory and
 descriptors must stay flat, its local commits and host 1's copies of them must keep coming, its log must hold
 a summary of the refusals rather than a line each, and a SIGTERM must still end the job 143.
@@ -21,8 +21,8 @@ import time
 
 import pytest
 
-from pax_autockpt import events as events_lib
 from pax_autockpt import layout
+from pax_autockpt.shared import events as events_lib
 from pax_autockpt.tools import process
 from tests import forkserver
 
@@ -118,7 +118,7 @@ def test_a_stranger_on_the_peer_port_then_a_flood_leave_a_live_buddy_job_trainin
     before = _watch(pid, local, _after(10))
     log0 = os.fspath(layout.host_log_path(job_dir, 0))
     since = os.path.getsize(log0)
-    flood = subprocess.Popen([sys.executable, '-m', 'pax_autockpt.tools.bench.flood', host, served, str(FLOOD_SECS)],
+    flood = subprocess.Popen([sys.executable, '-m', 'rigs.bench.flood', host, served, str(FLOOD_SECS)],
                              stdout=subprocess.PIPE, text=True)
     during = _watch(pid, local, lambda: flood.poll() is not None)
     counts = json.loads(flood.stdout.read().strip().splitlines()[-1])

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from pax_autockpt import environment
+from pax_autockpt.startup import environment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

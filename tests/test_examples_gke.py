@@ -13,8 +13,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pax_autockpt import hosts
 from pax_autockpt import settings as settings_lib
+from pax_autockpt.hosts import hosts
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / 'examples' / 'gke'
 MANIFESTS = ['jobset-multislice.yaml', 'jobset-single-slice.yaml']

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from pax_autockpt import hosts
+from pax_autockpt.hosts import hosts
 
 SCRIPT = pathlib.Path(__file__).resolve().parent.parent / 'examples' / 'slurm' / 'pax_autockpt.sbatch'
 

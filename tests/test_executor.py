@@ -9,7 +9,7 @@ import pytest
 
 from pax_autockpt import executor as executor_lib
 from pax_autockpt import settings as settings_lib
-from pax_autockpt import stops
+from pax_autockpt.shared import stops
 from tests import fakes
 from tests.fakes import STATE
 

@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-from pax_autockpt import checkpointer as checkpointer_lib
-from pax_autockpt import events as events_lib
-from pax_autockpt import exit_path as exit_path_lib
-from pax_autockpt import grace
-from pax_autockpt import phases as phases_lib
-from pax_autockpt import rescue as rescue_lib
 from pax_autockpt import settings as settings_lib
+from pax_autockpt.exit import exit_path as exit_path_lib
+from pax_autockpt.exit import rescue as rescue_lib
+from pax_autockpt.hook import checkpointer as checkpointer_lib
+from pax_autockpt.shared import events as events_lib
+from pax_autockpt.shared import phases as phases_lib
+from pax_autockpt.signals import grace
 from tests import fakes
 from tests import test_rescue
 from tests.fakes import STATE

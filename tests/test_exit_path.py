@@ -10,12 +10,12 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from pax_autockpt import events as events_lib
-from pax_autockpt import grace
 from pax_autockpt import layout
 from pax_autockpt import settings as settings_lib
-from pax_autockpt import signals
-from pax_autockpt import stops
+from pax_autockpt.shared import events as events_lib
+from pax_autockpt.shared import stops
+from pax_autockpt.signals import grace
+from pax_autockpt.signals import signals
 from tests import fakes
 from tests.fakes import STATE
 

@@ -11,14 +11,14 @@ import types
 
 import pytest
 
-from pax_autockpt import agreement
-from pax_autockpt import background_save
-from pax_autockpt import coordination
-from pax_autockpt import events as events_lib
-from pax_autockpt import exit_path as exit_path_lib
-from pax_autockpt import grace
 from pax_autockpt import layout
-from pax_autockpt import stops
+from pax_autockpt.exit import exit_path as exit_path_lib
+from pax_autockpt.hosts import agreement
+from pax_autockpt.save import background_save
+from pax_autockpt.shared import coordination
+from pax_autockpt.shared import events as events_lib
+from pax_autockpt.shared import stops
+from pax_autockpt.signals import grace
 from tests import fakes
 
 pytestmark = pytest.mark.usefixtures('clean_signals')

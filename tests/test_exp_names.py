@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from pax_autockpt import experiment_names
+from pax_autockpt.startup import experiment_names
 from tests.test_bad_input import _heavy_imports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

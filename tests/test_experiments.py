@@ -13,10 +13,10 @@ import pytest
 
 import experiments.bench  # registers the bench, soak and end-to-end models  # pylint: disable=unused-import
 import experiments.lm_cloud_autockpt  # registers the experiments  # pylint: disable=unused-import
-from pax_autockpt import coordination
 from pax_autockpt import executor as executor_lib
-from pax_autockpt import experiment_names
 from pax_autockpt.experiment import AutockptMixin
+from pax_autockpt.shared import coordination
+from pax_autockpt.startup import experiment_names
 
 PREFIX = 'experiments.lm_cloud_autockpt.'
 NAMES = ['LmCloudSpmd2BAutockpt', 'LmCloudSpmd2BMultisliceAutockpt', 'LmCloudSpmd2BMultislice16Autockpt',

@@ -7,7 +7,7 @@ import urllib.error
 
 import pytest
 
-from pax_autockpt import failures
+from pax_autockpt.shared import failures
 
 Kind = failures.Kind
 

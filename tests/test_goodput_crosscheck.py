@@ -1,8 +1,8 @@
 """Our measured goodput against Google's (ml-goodput-measurement 0.2.3's GoodputCalculator) on one job's timeline,
-and the recording that feeds theirs (pax_autockpt.goodput_recording).
+and the recording that feeds theirs (pax_autockpt.hook.goodput_recording).
 
 One hand-made but realistic job, two runs (`_job`): it is written once through the hook's own paths, the event log
-(pax_autockpt.events.EventLog, whose observer is the recording, as in a training process) and the per-step point
+(pax_autockpt.shared.events.EventLog, whose observer is the recording, as in a training process) and the per-step point
 (the recording's step_started, as the checkpointer's save_if_needed calls it), so that `pax-autockpt report` reads
 the event log and Google's calculator reads what the recording wrote to an in-memory Cloud Logging log.
 docs/report.md, "Against ml-goodput-measurement", explains each bucket that differs.
@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from pax_autockpt import events as events_lib
-from pax_autockpt import goodput_recording
 from pax_autockpt import settings as settings_lib
-from pax_autockpt import startup_times
+from pax_autockpt.hook import goodput_recording
+from pax_autockpt.shared import events as events_lib
+from pax_autockpt.startup import startup_times
 from pax_autockpt.tools import report
 from pax_autockpt.tools.report import measured
 
@@ -315,7 +315,7 @@ def test_the_setting_without_the_package_is_one_line_naming_the_setting_and_the_
   real = importlib.util.find_spec
   monkeypatch.setattr(importlib.util, 'find_spec',
                       lambda name, *a: None if name == 'ml_goodput_measurement' else real(name, *a))
-  from pax_autockpt import precheck  # pylint: disable=g-import-not-at-top
+  from pax_autockpt.startup import precheck  # pylint: disable=g-import-not-at-top
   with pytest.raises(settings_lib.ConfigError) as e:
     precheck.run(['main', '--exp=experiments.lm_cloud_autockpt.LmCloudSpmdTinyAutockpt',
                   f'--job_log_dir={os.devnull}-not-used', '--autockpt_goodput_run_name=myjob'])

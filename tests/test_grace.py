@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from pax_autockpt import grace
+from pax_autockpt.signals import grace
 
 
 def _ctx(remaining, duration, in_flight=None, elapsed=0.0):

@@ -12,12 +12,12 @@ import urllib.request
 
 import pytest
 
-from pax_autockpt import hosts
-from pax_autockpt.hosts import DEFAULT_PORT
-from pax_autockpt.hosts import Wiring
-from pax_autockpt.hosts import WiringError
-from pax_autockpt.hosts import check_mesh
-from pax_autockpt.hosts import resolve
+from pax_autockpt.hosts import hosts
+from pax_autockpt.hosts.hosts import DEFAULT_PORT
+from pax_autockpt.hosts.hosts import Wiring
+from pax_autockpt.hosts.hosts import WiringError
+from pax_autockpt.hosts.hosts import check_mesh
+from pax_autockpt.hosts.hosts import resolve
 
 
 def _fixed_port():
@@ -376,7 +376,7 @@ def test_a_tpu_env_that_is_not_yaml_is_one_line(metadata):
 
 def test_print_wiring_reads_tpu_env_from_the_project_s_fake_metadata_server(tmp_path):
   """The real command against the fake server the e2e tests use: host 3 of 4, not 1 of 2."""
-  from pax_autockpt.tools import fake_metadata  # pylint: disable=g-import-not-at-top
+  from rigs import fake_metadata  # pylint: disable=g-import-not-at-top
   with fake_metadata.FakeMetadataServer(str(tmp_path)) as server:
     for key, value in MULTISLICE_TPU_ENV.items():
       server.set(f'attributes/{key}', value)

@@ -5,7 +5,7 @@ import json
 from etils import epath
 import pytest
 
-from pax_autockpt import integrity
+from pax_autockpt.restore import integrity
 
 
 def _zarr(step, name='w', shape=(4, 6), chunks=(2, 6), files=('0.0', '1.0')):

@@ -6,7 +6,7 @@ import dataclasses
 from fiddle._src.experimental import auto_config
 import pytest
 
-from pax_autockpt import lambda_source
+from pax_autockpt.startup import lambda_source
 
 FIDDLE_LOOKUP = auto_config._getsource_for_lambda  # pylint: disable=protected-access
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from pax_autockpt import standby
+from pax_autockpt.startup import standby
 from pax_autockpt.tools import launcher
 
 
@@ -58,7 +58,7 @@ def test_a_standby_takes_only_an_environment_its_imports_saw_but_the_runtime_var
   assert standby.stale(imported_with, {k: v for k, v in imported_with.items() if k != 'PATH'}) == ['PATH']
 
 
-_LIGHT_STANDBY = (sys.executable, '-c', 'from pax_autockpt import standby; standby.preload = lambda: None; '
+_LIGHT_STANDBY = (sys.executable, '-c', 'from pax_autockpt.startup import standby; standby.preload = lambda: None; '
                   'standby.MAIN = "tests.standby_fake_host"; standby.serve()')
 
 

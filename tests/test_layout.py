@@ -6,11 +6,13 @@ import os
 from etils import epath
 import pytest
 
-from pax_autockpt import events as events_lib
 from pax_autockpt import layout
+from pax_autockpt.shared import events as events_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUNTIME = ('pax_autockpt', os.path.join('pax_autockpt', 'local'))  # what a training process imports (not tools/)
+# What a training process imports: pax_autockpt/ and its packages, not tools/.
+RUNTIME = tuple(os.path.relpath(d, ROOT) for d, _, files in os.walk(os.path.join(ROOT, 'pax_autockpt'))
+                if any(f.endswith('.py') for f in files) and os.path.join('pax_autockpt', 'tools') not in d)
 
 
 def _orbax_save(ckpt_dir: epath.Path, step: int, commit: bool = True) -> epath.Path:
@@ -190,12 +192,14 @@ def _imports(path):
 
 
 def test_a_training_process_never_imports_the_tools():
-  """pax_autockpt/*.py, pax_autockpt/local/ and experiments/ are what a training process runs;
+  """pax_autockpt/*.py, its packages but tools/, and experiments/ are what a training process runs;
   pax_autockpt/tools/ is the command line and its tools, which may import the runtime but never the other way
-  round."""
+  round. Nothing there imports the repository's rigs/ either (not in the wheel)."""
+  assert len(RUNTIME) >= 10 and os.path.join('pax_autockpt', 'exit') in RUNTIME  # the walk found the packages
   runtime = [os.path.join(ROOT, d, f) for d in (*RUNTIME, 'experiments') for f in os.listdir(os.path.join(ROOT, d))
              if f.endswith('.py')]
-  bad = {os.path.relpath(p, ROOT): m for p in runtime for m in _imports(p) if m.startswith('pax_autockpt.tools')}
+  bad = {os.path.relpath(p, ROOT): m for p in runtime for m in _imports(p)
+         if m.startswith('pax_autockpt.tools') or m.split('.')[0] == 'rigs'}
   assert not bad, bad
 
 
@@ -215,7 +219,7 @@ def test_only_the_entry_points_and_the_executor_exit():
   into the plugin) and the executor turn outcomes into exit codes, and tools exit only as scripts."""
   exits_allowed = {'main.py', 'executor.py', 'experiment.py', 'standby.py'}
   bad = []
-  for folder, _, files in os.walk(os.path.join(ROOT, 'pax_autockpt')):
+  for folder, _, files in (*os.walk(os.path.join(ROOT, 'pax_autockpt')), *os.walk(os.path.join(ROOT, 'rigs'))):
     for f in (f for f in files if f.endswith('.py')):
       path = os.path.join(folder, f)
       runtime = os.path.relpath(folder, ROOT) in RUNTIME

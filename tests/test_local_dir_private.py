@@ -14,9 +14,9 @@ import sys
 
 import pytest
 
-from pax_autockpt import experiment_names
 from pax_autockpt import settings as settings_lib
 from pax_autockpt.local import lock
+from pax_autockpt.startup import experiment_names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOBODY = 65534

@@ -1,4 +1,4 @@
-"""`python -m pax_autockpt.tools.local_gcs serve` stops its server and proxy on SIGTERM too (not only
+"""`python -m rigs.local_gcs serve` stops its server and proxy on SIGTERM too (not only
 on Ctrl-C), and in the background, where a shell starts it with SIGINT ignored."""
 
 import os
@@ -6,8 +6,8 @@ import signal
 import subprocess
 import sys
 
-from pax_autockpt.tools import local_gcs
 from pax_autockpt.tools import process
+from rigs import local_gcs
 
 
 def _children(pid: int) -> list[int]:
@@ -25,7 +25,7 @@ def _alive(pid: int) -> bool:
 
 def test_serve_stops_server_and_proxy_on_sigterm_even_with_sigint_ignored(tmp_path):
   log = str(tmp_path / 'serve.log')
-  serve = process.Job([sys.executable, '-m', 'pax_autockpt.tools.local_gcs', 'serve', '--workdir',
+  serve = process.Job([sys.executable, '-m', 'rigs.local_gcs', 'serve', '--workdir',
                        str(tmp_path / 'gcs')], log,
                       env={**os.environ, 'PYTHONUNBUFFERED': '1'})
   try:
@@ -41,7 +41,7 @@ def test_serve_stops_server_and_proxy_on_sigterm_even_with_sigint_ignored(tmp_pa
 
 def test_serve_in_the_background_of_a_shell_stops_on_sigterm(tmp_path):
   """`cmd &` in a non-interactive shell starts it with SIGINT ignored: SIGTERM must still stop it."""
-  out = subprocess.run(['bash', '-c', f'{sys.executable} -m pax_autockpt.tools.local_gcs serve --workdir '
+  out = subprocess.run(['bash', '-c', f'{sys.executable} -m rigs.local_gcs serve --workdir '
                         f'{tmp_path}/gcs > {tmp_path}/bg.log 2>&1 & echo $!'], capture_output=True, text=True)
   pid = int(out.stdout.strip())
   try:

@@ -15,16 +15,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pax_autockpt import agreement
-from pax_autockpt import events as events_lib
-from pax_autockpt import hosts
 from pax_autockpt import layout
-from pax_autockpt import restore as restore_lib
 from pax_autockpt import settings as settings_lib
+from pax_autockpt.hosts import agreement
+from pax_autockpt.hosts import hosts
 from pax_autockpt.local import format as local_format
 from pax_autockpt.local import lineage as lineage_lib
 from pax_autockpt.local import restoring
 from pax_autockpt.local import saving
+from pax_autockpt.restore import restore as restore_lib
+from pax_autockpt.shared import events as events_lib
 from tests import fakes
 
 HostReport, Plan = restoring.HostReport, restoring.Plan
@@ -385,7 +385,7 @@ def test_a_published_copy_is_released_from_the_coordination_service(tmp_path):
   port = hosts.free_loopback_port()
   code = textwrap.dedent(f'''
       import jax
-      from pax_autockpt import coordination
+      from pax_autockpt.shared import coordination
       from pax_autockpt.local import restoring
       jax.distributed.initialize('127.0.0.1:{port}', num_processes=1, process_id=0)
       client = coordination.client()
@@ -436,7 +436,7 @@ _FILL = '''
 import json, logging, sys, time
 import jax
 logging.basicConfig(level=logging.INFO)  # absl's lines through Python's root logger, on stderr
-from pax_autockpt import coordination
+from pax_autockpt.shared import coordination
 from pax_autockpt.local import restoring
 host, port, folder = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 jax.distributed.initialize('127.0.0.1:' + port, num_processes=2, process_id=host)
@@ -474,7 +474,8 @@ _BUDDY = '''
 import json, logging, shutil, sys, time
 import jax
 logging.basicConfig(level=logging.INFO)  # absl's lines through Python's root logger, on stderr
-from pax_autockpt import coordination, layout
+from pax_autockpt.shared import coordination
+from pax_autockpt import layout
 from pax_autockpt.local import buddy, restoring
 host, port, folder, needs = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 jax.distributed.initialize('127.0.0.1:' + port, num_processes=2, process_id=host)
@@ -556,7 +557,7 @@ jax.devices()  # the backend up on every host (its topology exchange waits for a
 restore = restoring.LocalRestore(folder, host=host, hosts=3)
 plan = restoring.Plan(step=12, donors={0: 0, 1: 0, 2: 2}, sources={1: ((0, False), (2, True))})
 if host == 1:  # both donors serving before it asks: the parallel path, not the first donor alone
-  from pax_autockpt import coordination
+  from pax_autockpt.shared import coordination
   coordination.client().blocking_key_value_get('autockpt/local-restore/fill/0/12/2/1/peer', 60000)
 print(json.dumps({'ok': restore.fill(plan)}), flush=True)
 '''

@@ -15,15 +15,15 @@ import types
 import jax.numpy as jnp
 import pytest
 
-from pax_autockpt import events as events_lib
 from pax_autockpt import executor as executor_lib
-from pax_autockpt import experiment_names
 from pax_autockpt import layout
-from pax_autockpt import precheck
 from pax_autockpt import settings as settings_lib
 from pax_autockpt.local import lineage as lineage_lib
 from pax_autockpt.local import lock
 from pax_autockpt.local import saving
+from pax_autockpt.shared import events as events_lib
+from pax_autockpt.startup import experiment_names
+from pax_autockpt.startup import precheck
 from tests import fakes
 
 SHARE = 256 * 1024  # bytes of one step's shards: 64 pages of a tmpfs
@@ -68,7 +68,7 @@ def tmpfs(tmp_path):
 _KILLED_MID_SAVE = f'''
 import os, signal, sys
 import jax.numpy as jnp
-from pax_autockpt import events as events_lib
+from pax_autockpt.shared import events as events_lib
 from pax_autockpt.local import format as local_format, lineage as lineage_lib, saving
 saves = saving.LocalSaves(sys.argv[1], min_interval_secs=0, keep=2, events=events_lib.EventLog(sys.argv[2], 0),
                                lineage=lineage_lib.Tracker('job-a', 'run-1'))
@@ -231,7 +231,7 @@ def test_a_training_process_on_a_held_local_directory_exits_2_in_one_line(tmp_pa
 _JOB_A_KILLED = f'''
 import os, signal, sys
 import jax.numpy as jnp
-from pax_autockpt import events as events_lib
+from pax_autockpt.shared import events as events_lib
 from pax_autockpt.local import lineage as lineage_lib, saving
 saves = saving.LocalSaves(sys.argv[1], min_interval_secs=0, keep=2, events=events_lib.EventLog(sys.argv[2], 0),
                           lineage=lineage_lib.Tracker('job-a', 'run-1'))

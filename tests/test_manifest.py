@@ -10,8 +10,8 @@ import pytest
 import tensorflow as tf
 
 from pax_autockpt import layout
-from pax_autockpt import manifest as manifest_lib
 from pax_autockpt import settings as settings_lib
+from pax_autockpt.shared import manifest as manifest_lib
 from tests import fakes
 
 

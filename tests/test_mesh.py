@@ -6,7 +6,7 @@ from jax.experimental import mesh_utils
 import numpy as np
 import pytest
 
-from pax_autockpt import mesh
+from pax_autockpt.hosts import mesh
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,7 @@ import types
 from jax import numpy as jnp
 import numpy as np
 
-from pax_autockpt import metrics as metrics_lib
+from pax_autockpt.save import metrics as metrics_lib
 
 
 class TrainProgram:

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from pax_autockpt import hosts
-from pax_autockpt import notices
-from pax_autockpt.tools import fake_metadata
+from pax_autockpt.hosts import hosts
+from pax_autockpt.signals import notices
+from rigs import fake_metadata
 
 
 @pytest.fixture(scope='module')

@@ -1,4 +1,4 @@
-"""A bucket save's set-up on the local GCS (pax_autockpt.internals.making_step_on_object_store): orbax's
+"""A bucket save's set-up on the local GCS (pax_autockpt.shared.internals.making_step_on_object_store): orbax's
 repeated questions about a new step's directory and its directory markers cost round trips before the
 first array byte; inside the block they do not, and what is written there is unchanged."""
 
@@ -6,7 +6,7 @@ import threading
 
 from etils import epath
 
-from pax_autockpt import internals
+from pax_autockpt.shared import internals
 
 
 def test_a_new_steps_directory_is_asked_about_once_and_gets_no_markers(gcs):

@@ -1,8 +1,8 @@
 """The eval and decode a preemption cut at the last step: owed to the restart that resumes there, once."""
 
-from pax_autockpt import internals
-from pax_autockpt import owed_work
-from pax_autockpt import phases as phases_lib
+from pax_autockpt.exit import owed_work
+from pax_autockpt.shared import internals
+from pax_autockpt.shared import phases as phases_lib
 
 
 def _history(*, agreed_during='eval', step=300, saved=300, code=143, then=()):

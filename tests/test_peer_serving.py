@@ -15,14 +15,14 @@ import time
 
 import pytest
 
-from pax_autockpt import coordination
-from pax_autockpt import hosts as hosts_lib
 from pax_autockpt import layout
+from pax_autockpt.hosts import hosts as hosts_lib
 from pax_autockpt.local import buddy
 from pax_autockpt.local import format as local_format
 from pax_autockpt.local import lineage as lineage_lib
 from pax_autockpt.local import peer
 from pax_autockpt.local import restoring
+from pax_autockpt.shared import coordination
 from tests import test_peer_transfer as transfer
 
 ELSEWHERE = '203.0.113.7'  # a documentation address: never this machine's, so no server binds it
@@ -292,7 +292,7 @@ FLOOD_MAX_SECS = 100.0  # the flood's bound: the test ends it once the cap has t
 
 
 def test_a_peer_showing_its_secret_promptly_is_always_answered_under_a_flood_and_the_cap_holds(tmp_path, monkeypatch):
-  """A stranger's flood, a process of its own (pax_autockpt.tools.bench.flood: silent, trickling and huge-headed
+  """A stranger's flood, a process of its own (rigs.bench.flood: silent, trickling and huge-headed
   connections and GETs without the secret, ~255 sockets), while a peer asks again and again with the secret and
   no retry, on a loaded machine (each handler thread runs 0.2 s late): every request is answered in full. The
   peer's connection counted as "no secret shown" until its handler had read the head, so eight arrivals in that
@@ -318,7 +318,7 @@ def test_a_peer_showing_its_secret_promptly_is_always_answered_under_a_flood_and
     port = server.address[1]
     sampler = threading.Thread(target=lambda: [seen.append(_served_sockets_open(port)) or time.sleep(0.005)
                                                for _ in iter(stop.is_set, True)], daemon=True)
-    flood = subprocess.Popen([sys.executable, '-m', 'pax_autockpt.tools.bench.flood', '127.0.0.1', str(port),
+    flood = subprocess.Popen([sys.executable, '-m', 'rigs.bench.flood', '127.0.0.1', str(port),
                               str(FLOOD_MAX_SECS), '--nice', '0'], stdout=subprocess.DEVNULL)
     sampler.start()
     try:

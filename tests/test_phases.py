@@ -1,15 +1,15 @@
-"""The loop's phases and the agreement points inside eval and decode programs (pax_autockpt.phases), around
+"""The loop's phases and the agreement points inside eval and decode programs (pax_autockpt.shared.phases), around
 stand-ins for paxml's programs and a fake Pax checkpointer: no training process."""
 
 import threading
 
 import pytest
 
-from pax_autockpt import internals
 from pax_autockpt import layout
-from pax_autockpt import phases as phases_lib
 from pax_autockpt import settings as settings_lib
-from pax_autockpt import stops
+from pax_autockpt.shared import internals
+from pax_autockpt.shared import phases as phases_lib
+from pax_autockpt.shared import stops
 from tests import fakes
 from tests.fakes import STATE
 
@@ -76,7 +76,7 @@ def test_the_phases_follow_the_loop_and_the_newest_trained_state_is_kept_by_refe
 
 
 def test_no_point_before_the_first_trained_step():
-  """Before the first step (start-up), pax_autockpt.startup_exit answers a signal: no point is offered."""
+  """Before the first step (start-up), pax_autockpt.exit.startup_exit answers a signal: no point is offered."""
   phases, _, evaluation, _ = _instrumented()
   points = []
   phases.on_point(points.append)

@@ -1,5 +1,5 @@
 """The policies as the running product asks them (issue 60): the contexts, times and metrics that
-pax_autockpt.saves really builds, around the fake Pax checkpointer of tests/fakes.py, and orbax 0.5.9's
+pax_autockpt.save.saves really builds, around the fake Pax checkpointer of tests/fakes.py, and orbax 0.5.9's
 own deleter for Pax's max_to_keep in a real process killed mid-delete."""
 
 import datetime
@@ -16,14 +16,14 @@ from etils import epath
 from jax import numpy as jnp
 import pytest
 
-from pax_autockpt import checkpointer as checkpointer_lib
-from pax_autockpt import events as events_lib
-from pax_autockpt import experiment_names
 from pax_autockpt import layout
-from pax_autockpt import metrics as metrics_lib
 from pax_autockpt import policies as P
-from pax_autockpt import saves as saves_lib
 from pax_autockpt import settings as settings_lib
+from pax_autockpt.hook import checkpointer as checkpointer_lib
+from pax_autockpt.save import metrics as metrics_lib
+from pax_autockpt.save import saves as saves_lib
+from pax_autockpt.shared import events as events_lib
+from pax_autockpt.startup import experiment_names
 from tests import fakes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -219,7 +219,7 @@ KILLED_MID_DELETE = textwrap.dedent('''
     import numpy as np
     import orbax.checkpoint as ocp
     from etils import epath
-    from pax_autockpt import internals
+    from pax_autockpt.shared import internals
 
     directory, hooked = epath.Path(sys.argv[1]), sys.argv[2] == 'hooked'
     manager = ocp.CheckpointManager(directory, ocp.PyTreeCheckpointer(), ocp.CheckpointManagerOptions(

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from pax_autockpt import experiment_names
-from pax_autockpt import precheck
 from pax_autockpt import settings as settings_lib
+from pax_autockpt.startup import experiment_names
+from pax_autockpt.startup import precheck
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = f'--exp={experiment_names.EXAMPLE}'

@@ -1,7 +1,7 @@
-"""pax_autockpt.progress: host 0's `progress` events, at most one per PROGRESS_SECS, none for start-up."""
+"""pax_autockpt.hook.progress: host 0's `progress` events, at most one per PROGRESS_SECS, none for start-up."""
 
-from pax_autockpt import events as events_lib
-from pax_autockpt import progress
+from pax_autockpt.hook import progress
+from pax_autockpt.shared import events as events_lib
 
 
 def _marks(tmp_path, host, clock):

@@ -84,7 +84,7 @@ def test_three_runs_preempted_killed_finished_split_into_buckets(tmp_path):
 
 
 def test_a_progress_event_moves_a_killed_runs_end_from_between_runs_to_wasted_progress(tmp_path):
-  """pax_autockpt.progress's event after the last save: run 2 trained 300 -> 450 before its SIGKILL, and the
+  """pax_autockpt.hook.progress's event after the last save: run 2 trained 300 -> 450 before its SIGKILL, and the
   5 s after its last save count as wasted progress, not as time between runs."""
   m = measured.measure(report.load(three_runs(tmp_path, progress=True)))
   assert m.seconds['wasted_progress'] == pytest.approx(15.0)  # 300 -> 450 at 0.1 s a step, less 2 x 0.5 s blocking

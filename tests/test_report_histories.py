@@ -2,7 +2,7 @@
 
 Each example writes a history's event logs through the product's writer and checks that the report counts the
 runs, restores and steps lost as they were, and that every bucket of the measured goodput and the goodput itself
-equal the true time within what the log cannot see: a killed run's last PROGRESS_SECS (pax_autockpt.progress).
+equal the true time within what the log cannot see: a killed run's last PROGRESS_SECS (pax_autockpt.hook.progress).
 `make test` runs 200 examples (~4 s on an idle machine); `make soak` (`-m soak`) 3,000 with up to 8 runs,
 AUTOCKPT_SOAK_HISTORIES=N for N.
 """

@@ -11,7 +11,7 @@ import hypothesis
 from hypothesis import strategies as st
 import pytest
 
-from pax_autockpt import events as events_lib
+from pax_autockpt.shared import events as events_lib
 from pax_autockpt.tools import report
 from pax_autockpt.tools.report import measured
 from pax_autockpt.tools.report import model

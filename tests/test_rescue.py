@@ -1,4 +1,5 @@
-"""pax_autockpt.rescue's decisions with a stand-in exit path: when it saves from its thread, and when it must not."""
+"""pax_autockpt.exit.rescue's decisions with a stand-in exit path: when it saves from its thread, and when it must
+not."""
 
 import signal
 import threading
@@ -6,10 +7,10 @@ import time
 
 import pytest
 
-from pax_autockpt import grace
-from pax_autockpt import phases as phases_lib
-from pax_autockpt import rescue as rescue_lib
-from pax_autockpt import stops
+from pax_autockpt.exit import rescue as rescue_lib
+from pax_autockpt.shared import phases as phases_lib
+from pax_autockpt.shared import stops
+from pax_autockpt.signals import grace
 
 
 class _ExitPath:

@@ -16,14 +16,14 @@ from paxml import checkpoint_metadata
 from paxml import train_states
 import pytest
 
-from pax_autockpt import events as events_lib
-from pax_autockpt import failures
-from pax_autockpt import internals
 from pax_autockpt import layout
-from pax_autockpt import manifest as manifest_lib
-from pax_autockpt import restore
 from pax_autockpt import settings as settings_lib
-from pax_autockpt import stops
+from pax_autockpt.restore import restore
+from pax_autockpt.shared import events as events_lib
+from pax_autockpt.shared import failures
+from pax_autockpt.shared import internals
+from pax_autockpt.shared import manifest as manifest_lib
+from pax_autockpt.shared import stops
 from tests import damage
 from tests import fakes
 from tests import test_failures

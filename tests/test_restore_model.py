@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 import numpy as np
 import pytest
 
-from pax_autockpt import events as events_lib
 from pax_autockpt import layout
-from pax_autockpt import manifest as manifest_lib
 from pax_autockpt import settings as settings_lib
 from pax_autockpt.local import format as local_format
 from pax_autockpt.local import lineage as lineage_lib
 from pax_autockpt.local import restoring
+from pax_autockpt.shared import events as events_lib
+from pax_autockpt.shared import manifest as manifest_lib
 from pax_autockpt.tools import status
 from tests import fakes
 from tests import restore_model
@@ -191,7 +191,7 @@ class History(stateful.RuleBasedStateMachine):
     save = run.tracker.save_id(step)
     run.pending, run.last_save = (step, save, self._node_at(step)), step
     run.tracker.save_started(step, save)
-    grew = run.tracker.at(step)  # as pax_autockpt.saves writes it
+    grew = run.tracker.at(step)  # as pax_autockpt.save.saves writes it
     line = {'handed': [list(h) for h in grew.handed], 'base': grew.base_id}
     for log in self.disk.logs:
       log.write('save_started', step=step, reason='continuous', id=save, **{k: v for k, v in line.items() if v})

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from pax_autockpt import hosts
-from pax_autockpt import preemption
-from pax_autockpt import signals
+from pax_autockpt.hosts import hosts
+from pax_autockpt.signals import preemption
+from pax_autockpt.signals import signals
 
 pytestmark = pytest.mark.usefixtures('clean_signals')
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.usefixtures('clean_signals')
 # signal handlers never get to run: as during an XLA compile or a collective.
 _STUCK_IN_C = textwrap.dedent('''
     import ctypes
-    from pax_autockpt import signals
+    from pax_autockpt.signals import signals
     signals.install()
     print('ready', flush=True)
     libc = ctypes.CDLL(None)
@@ -144,7 +144,7 @@ def test_a_forked_child_s_ctrl_c_is_not_counted_as_ours():
   terminal's Ctrl-C reaches the whole process group). Run in a fresh interpreter: no JAX threads to fork."""
   script = textwrap.dedent('''
       import os, signal, sys, time
-      from pax_autockpt import signals
+      from pax_autockpt.signals import signals
       signals.install_interrupt()
       pid = os.fork()
       if pid == 0:  # the child: Python's own Ctrl-C again
@@ -170,7 +170,8 @@ def test_sigterm_arrival_is_recorded_in_front_of_xla_s_notifier_which_still_agre
   script = textwrap.dedent('''
       import ctypes, os, signal, threading, time
       import jax
-      from pax_autockpt import coordination, signals
+      from pax_autockpt.shared import coordination
+      from pax_autockpt.signals import signals
       jax.distributed.initialize('127.0.0.1:%d', num_processes=1, process_id=0)
       signals.install_interrupt()
       signals.hand_over(lambda: None)
@@ -202,7 +203,7 @@ def test_sigterm_arrival_is_recorded_in_front_of_xla_s_notifier_which_still_agre
 # and a first-signal callback takes the same lock (as the exit path's does, to read the loop's place).
 _LOCK_HELD_AT_THE_SIGNAL = textwrap.dedent('''
     import os, signal, threading, time
-    from pax_autockpt import signals
+    from pax_autockpt.signals import signals
     signals.install()
     lock, done = threading.Lock(), threading.Event()
     def callback(signum, arrival):
@@ -246,7 +247,7 @@ def test_a_sigterm_after_jax_distributed_initialize_and_before_the_hand_over_is_
   script = textwrap.dedent('''
       import ctypes, os, signal, threading, time
       import jax
-      from pax_autockpt import signals
+      from pax_autockpt.signals import signals
       signals.install()  # as pax_autockpt.main does on import
       jax.distributed.initialize('127.0.0.1:%d', num_processes=1, process_id=0)
       taken = signals.take_sigterm_back_from_xla()
@@ -277,7 +278,7 @@ def test_a_child_forked_after_the_hand_over_ends_on_sigterm():
   script = textwrap.dedent('''
       import os, signal, time
       import jax
-      from pax_autockpt import signals
+      from pax_autockpt.signals import signals
       jax.distributed.initialize('127.0.0.1:%d', num_processes=1, process_id=0)
       signals.install_interrupt()
       signals.hand_over(lambda: None)
@@ -300,7 +301,7 @@ def test_a_wakeup_fd_taken_and_dropped_by_asyncio_loses_no_later_signal():
   main thread's handler writes it to the watcher itself, and `reconnect` (each step) puts the wakeup fd back."""
   script = textwrap.dedent('''
       import asyncio, os, signal, time
-      from pax_autockpt import signals
+      from pax_autockpt.signals import signals
       signals.install()
       loop = asyncio.new_event_loop()
       loop.add_signal_handler(signal.SIGUSR1, lambda: None)

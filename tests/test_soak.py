@@ -3,7 +3,7 @@ host, then a run to the target step, in `make soak` beside its 30 and 10 cycles 
 
 import pytest
 
-from pax_autockpt.tools import soak
+from rigs import soak
 
 pytestmark = pytest.mark.e2e
 
@@ -32,8 +32,8 @@ def test_checks_catch_a_lost_sigterm():
 def test_checks_catch_a_lost_or_set_aside_checkpoint(tmp_path):
   """Restore safety's counts must be able to fail: a committed checkpoint gone without a policy's
   `deleted` event, one set aside though no damage was injected, an uncommitted one restored."""
-  from pax_autockpt import events as events_lib  # pylint: disable=g-import-not-at-top
   from pax_autockpt import layout  # pylint: disable=g-import-not-at-top
+  from pax_autockpt.shared import events as events_lib  # pylint: disable=g-import-not-at-top
   job = tmp_path / 'job'
   for step in (500, 1000):
     (layout.step_dir(layout.checkpoint_dir(job), step) / 'state').mkdir(parents=True)
@@ -61,7 +61,7 @@ def test_eight_hosts_sigterm_to_one_saves_one_step_everywhere_and_all_restore_it
 
 def test_scale_check_catches_hosts_that_disagree(tmp_path):
   """The 8-host check must be able to fail: hosts that preempted at different steps are reported."""
-  from pax_autockpt import events as events_lib  # pylint: disable=g-import-not-at-top
+  from pax_autockpt.shared import events as events_lib  # pylint: disable=g-import-not-at-top
   for host, step in ((0, 120), (1, 121)):
     log = events_lib.EventLog(str(tmp_path), host)
     log.write('start', num_hosts=2, pid=1, restored_step=None)

@@ -1,4 +1,4 @@
-"""The start-up exit's one decision for every host (pax_autockpt.startup_exit), with a coordination service
+"""The start-up exit's one decision for every host (pax_autockpt.exit.startup_exit), with a coordination service
 stand-in that behaves as jax's does for these calls (a key is written once; a blocking get waits for it)."""
 
 import atexit
@@ -7,15 +7,15 @@ import types
 
 import pytest
 
-from pax_autockpt import checkpointer as checkpointer_lib
-from pax_autockpt import coordination
-from pax_autockpt import events as events_lib
-from pax_autockpt import internals
 from pax_autockpt import layout
 from pax_autockpt import settings as settings_lib
-from pax_autockpt import signals
-from pax_autockpt import startup_exit
-from pax_autockpt import stops
+from pax_autockpt.exit import startup_exit
+from pax_autockpt.hook import checkpointer as checkpointer_lib
+from pax_autockpt.shared import coordination
+from pax_autockpt.shared import events as events_lib
+from pax_autockpt.shared import internals
+from pax_autockpt.shared import stops
+from pax_autockpt.signals import signals
 from tests import fakes
 
 

@@ -1,4 +1,4 @@
-"""The `start` event's start-up fields (pax_autockpt.startup_times): the process's own start, and the marks."""
+"""The `start` event's start-up fields (pax_autockpt.startup.startup_times): the process's own start, and the marks."""
 
 import socket
 import sys
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from pax_autockpt import startup_times
+from pax_autockpt.startup import startup_times
 
 
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='/proc: Linux only')

@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from pax_autockpt import events as events_lib
 from pax_autockpt import layout
-from pax_autockpt import startup_times
+from pax_autockpt.shared import events as events_lib
+from pax_autockpt.startup import startup_times
 from pax_autockpt.tools import process
 from pax_autockpt.tools import status
 from tests import fakes

@@ -28,12 +28,12 @@ import time
 from absl import logging
 from etils import epath
 
-from pax_autockpt import coordination
-from pax_autockpt import failures
 from pax_autockpt import layout
-from pax_autockpt import priority
 from pax_autockpt.local import format as local_format
 from pax_autockpt.local import peer
+from pax_autockpt.shared import coordination
+from pax_autockpt.shared import failures
+from pax_autockpt.shared import priority
 
 RETRY_SECS = 10.0  # an owner renames its step a moment after its keeper does: a 404 is retried this long
 ADDRESS_WAIT_MS = 60_000  # every host publishes its address before the first local commit can happen

@@ -23,11 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 import xxhash
 
-from pax_autockpt import agreement
-from pax_autockpt import input_position
 from pax_autockpt import layout
-from pax_autockpt import manifest as manifest_lib
+from pax_autockpt.hosts import agreement
 from pax_autockpt.local import lineage as lineage_lib
+from pax_autockpt.shared import input_position
+from pax_autockpt.shared import manifest as manifest_lib
 
 FORMAT = 2  # 2: the index has a digest and a lineage
 READ_CHUNK_BYTES = 64 << 20  # a local step is read in chunks this size, each a sign of progress

@@ -39,9 +39,9 @@ import uuid
 
 from etils import epath
 
-from pax_autockpt import agreement
-from pax_autockpt import coordination
 from pax_autockpt import layout
+from pax_autockpt.hosts import agreement
+from pax_autockpt.shared import coordination
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Two jobs on one local directory (`/dev/shm/autockpt-{host}` is the same path for any two single-host jobs on a
 VM) would each remove the other's steps as leftovers, silently. So a run takes an exclusive `flock` on the
-lock file at start-up (pax_autockpt.precheck, ~1 s in, before paxml starts and before the job directory is
+lock file at start-up (pax_autockpt.startup.precheck, ~1 s in, before paxml starts and before the job directory is
 touched; main for an experiment's AUTOCKPT_LOCAL_DIR) and holds it for the life of the process; the kernel
 releases it when the process ends, however it ends, so a SIGKILLed run never blocks its own restart. A second
 job finds it held and stops (exit 2, one line) naming the holder from what the holder wrote into the file.
@@ -23,8 +23,8 @@ import pwd
 import socket
 import time
 
-from pax_autockpt import failures
 from pax_autockpt import settings as settings_lib
+from pax_autockpt.shared import failures
 
 LOCK_FILE = 'autockpt.lock'
 PathLike = str | os.PathLike  # not etils.epath's: this module is imported before paxml, at start-up (~0.3 s)

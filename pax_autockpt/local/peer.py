@@ -50,10 +50,10 @@ from absl import logging
 from etils import epath
 import xxhash
 
-from pax_autockpt import agreement
-from pax_autockpt import failures
 from pax_autockpt import layout
+from pax_autockpt.hosts import agreement
 from pax_autockpt.local import format as local_format
+from pax_autockpt.shared import failures
 
 BUFFER_BYTES = 1 << 20  # what a transfer holds in memory at a time, on either side
 SECRET_HEADER = 'X-Autockpt-Secret'

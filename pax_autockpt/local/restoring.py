@@ -26,16 +26,16 @@ from typing import Any
 from absl import logging
 from etils import epath
 
-from pax_autockpt import agreement
-from pax_autockpt import coordination
-from pax_autockpt import events as events_lib
-from pax_autockpt import failures
-from pax_autockpt import hosts as hosts_lib
 from pax_autockpt import layout
-from pax_autockpt import manifest as manifest_lib
+from pax_autockpt.hosts import agreement
+from pax_autockpt.hosts import hosts as hosts_lib
 from pax_autockpt.local import format as local_format
 from pax_autockpt.local import lineage as lineage_lib
 from pax_autockpt.local import peer
+from pax_autockpt.shared import coordination
+from pax_autockpt.shared import events as events_lib
+from pax_autockpt.shared import failures
+from pax_autockpt.shared import manifest as manifest_lib
 
 _FILL_WAIT_MS = 10 * 60 * 1000
 

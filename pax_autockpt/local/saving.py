@@ -40,15 +40,15 @@ from absl import logging
 from etils import epath
 import jax
 
-from pax_autockpt import agreement
-from pax_autockpt import coordination
-from pax_autockpt import events as events_lib
-from pax_autockpt import failures
 from pax_autockpt import layout
-from pax_autockpt import signals
+from pax_autockpt.hosts import agreement
 from pax_autockpt.local import format as local_format
 from pax_autockpt.local import lineage as lineage_lib
 from pax_autockpt.local import lock
+from pax_autockpt.shared import coordination
+from pax_autockpt.shared import events as events_lib
+from pax_autockpt.shared import failures
+from pax_autockpt.signals import signals
 
 PEER_WAIT_SECS = 60.0  # a peer that has not written its part by then is gone: this step is not committed
 SUMMARY_SECS = 60.0  # at most one `local_committed` event per this long (after the run's first)

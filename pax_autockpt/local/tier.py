@@ -1,19 +1,19 @@
-"""The local tier of one run, wired from its settings: what pax_autockpt.checkpointer holds of it."""
+"""The local tier of one run, wired from its settings: what pax_autockpt.hook.checkpointer holds of it."""
 
 import dataclasses
 
 from absl import logging
 import jax
 
-from pax_autockpt import coordination
-from pax_autockpt import events as events_lib
-from pax_autockpt import hosts as hosts_lib
 from pax_autockpt import layout
 from pax_autockpt import settings as settings_lib
+from pax_autockpt.hosts import hosts as hosts_lib
 from pax_autockpt.local import buddy
 from pax_autockpt.local import lineage as lineage_lib
 from pax_autockpt.local import restoring
 from pax_autockpt.local import saving
+from pax_autockpt.shared import coordination
+from pax_autockpt.shared import events as events_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Tier:
 
 def wire(settings: settings_lib.Settings, events: events_lib.EventLog, slices: int) -> Tier:
   """The local tier's saves (with buddy copies where asked for and there is another host) and restore, for
-  pax_autockpt.checkpointer."""
+  pax_autockpt.hook.checkpointer."""
   folder = layout.local_dir(settings.local_dir, events.host)
   job, run = lineage_lib.identify(events.job_log_dir, events.host)
   tracker = lineage_lib.Tracker(job, run)

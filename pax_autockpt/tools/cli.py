@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from pax_autockpt import environment
+from pax_autockpt.startup import environment
 from pax_autockpt.tools import report_legend
 
 

@@ -6,8 +6,8 @@ import signal
 import sys
 import time
 
-from pax_autockpt import environment
-from pax_autockpt import events as events_lib
+from pax_autockpt.shared import events as events_lib
+from pax_autockpt.startup import environment
 from pax_autockpt.tools import process
 
 _STEP_DONE = r'\[PAX STATUS\]: Step `\d+` completed'

@@ -4,7 +4,7 @@
 Beside the hosts' event logs but not one of them (`events.host<IDX>.jsonl` is a host's runs, `start` to `exit`;
 a line of the launcher's in host 0's file would sit inside a run and move its last event). Written as the hosts'
 are, one whole line per write, fsynced, on local disk; on object storage (no appends) the whole object again each
-time (a restart is rare). Read with `pax_autockpt.events.parse`, the one parser (`json.loads` only).
+time (a restart is rare). Read with `pax_autockpt.shared.events.parse`, the one parser (`json.loads` only).
 """
 
 import json
@@ -14,8 +14,8 @@ from typing import Any
 
 from etils import epath
 
-from pax_autockpt import events
 from pax_autockpt import layout
+from pax_autockpt.shared import events
 
 NAME = 'launch.jsonl'
 

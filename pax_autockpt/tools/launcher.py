@@ -5,7 +5,7 @@ with one CPU device and Gloo cross-process collectives (the one set-up that trai
 processes with jaxlib 0.4.26: with 2+ devices per process Gloo's context set-up times out). Processes
 are grouped into slices in host order; praxis lays jax.devices() (ordered by process) out as ICI x DCN.
 
-Every host is forked from one standby process (`pax_autockpt.standby`) that imported paxml, jax and
+Every host is forked from one standby process (`pax_autockpt.startup.standby`) that imported paxml, jax and
 TensorFlow once, instead of N interpreters importing the same modules on the same cores (`--no_standby`: a
 fresh interpreter per host). With `--max_restarts N` the launcher is also the job's scheduler: when a host fails
 (a crash, a kill, a failure exit, a SIGTERM it did not send) every host starts again, forked again (a restart
@@ -27,12 +27,12 @@ import threading
 import time
 from typing import Sequence
 
-from pax_autockpt import console
-from pax_autockpt import hosts
 from pax_autockpt import layout
 from pax_autockpt import settings as settings_lib
-from pax_autockpt import signals
-from pax_autockpt import standby as standby_lib
+from pax_autockpt.hosts import hosts
+from pax_autockpt.signals import console
+from pax_autockpt.signals import signals
+from pax_autockpt.startup import standby as standby_lib
 from pax_autockpt.tools import launch_events
 from pax_autockpt.tools import status
 
@@ -138,7 +138,7 @@ class _Console:
   """The launcher's lines on stdout and stderr, written by one thread, so that no signal handler and no host's
   pump ever waits on the console: a `| tee` that died (EPIPE), a closed or full stream, a pager that stopped
   reading. A stream whose write fails is said once on stderr (if that still works) and pointed at /dev/null, as
-  the training process's own lines are (`pax_autockpt.console`): its later lines are dropped, and Python's own
+  the training process's own lines are (`pax_autockpt.signals.console`): its later lines are dropped, and Python's own
   flush at exit cannot fail (which would make the exit code 120)."""
 
   _MAX_QUEUED = 10_000  # lines waiting for a console that blocks; beyond it they are dropped, not held
@@ -295,11 +295,11 @@ class _Forked:
 
 
 class _Standby:
-  """The launch's standby process (pax_autockpt.standby), started with `env`: `fork` asks it for a host once
+  """The launch's standby process (pax_autockpt.startup.standby), started with `env`: `fork` asks it for a host once
   its imports are done; its own output (the imports' warnings) goes to `log_path`."""
 
   def __init__(self, env: dict[str, str], log_path: str, argv: Sequence[str] = (sys.executable, '-m',
-                                                                                 'pax_autockpt.standby')):
+                                                                                 'pax_autockpt.startup.standby')):
     self.env = env
     self._requests, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with open(log_path, 'ab') as log:

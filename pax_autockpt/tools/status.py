@@ -21,10 +21,10 @@ import time
 
 from etils import epath
 
-from pax_autockpt import events as events_lib
 from pax_autockpt import layout
-from pax_autockpt import progress
-from pax_autockpt import startup_times
+from pax_autockpt.hook import progress
+from pax_autockpt.shared import events as events_lib
+from pax_autockpt.startup import startup_times
 
 DEFAULT_WAIT_SECS = 300.0  # --timeout_secs: the tutorial's checkpoints come within a minute
 PROGRESS_SECS = 30.0  # without --pid, a line this often while waiting

@@ -19,9 +19,9 @@ import time
 from etils import epath
 import numpy as np
 
-from pax_autockpt import internals
 from pax_autockpt import layout
-from pax_autockpt import manifest as manifest_lib
+from pax_autockpt.shared import internals
+from pax_autockpt.shared import manifest as manifest_lib
 
 
 def is_ocdbt(step_path: epath.Path) -> bool:

@@ -31,11 +31,11 @@ from unittest import mock
 
 from hypothesis import strategies as st
 
-from pax_autockpt import events as events_lib
 from pax_autockpt import layout
-from pax_autockpt import metrics as metrics_lib
 from pax_autockpt import policies as P
 from pax_autockpt import settings as settings_lib
+from pax_autockpt.save import metrics as metrics_lib
+from pax_autockpt.shared import events as events_lib
 from tests import fakes
 
 BASE = 1_700_000_000  # unix seconds; a case's times are microseconds after it

@@ -1,7 +1,7 @@
 """`pax-autockpt report JOB_LOG_DIR`: checkpoint timeline and figures from the event log (CONTRACT §6).
 
 Reads only the event logs `JOB_LOG_DIR/autockpt/events.host<IDX>.jsonl` (through
-`pax_autockpt.events`, the one reader), the launcher's record `JOB_LOG_DIR/autockpt/launch.jsonl` (its restarts
+`pax_autockpt.shared.events`, the one reader), the launcher's record `JOB_LOG_DIR/autockpt/launch.jsonl` (its restarts
 and their backoff, `launches`) and the listing of `JOB_LOG_DIR/checkpoints`. Each line is
 parsed with `json.loads` and nothing else: no pickle, no eval, nothing from the job directory is
 ever executed or imported.

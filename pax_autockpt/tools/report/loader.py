@@ -1,6 +1,6 @@
 """Reads a job directory into a Report: its event logs and the listing of its checkpoints.
 
-The events come from `pax_autockpt.events.read_job` (the one reader: `json.loads` and nothing else);
+The events come from `pax_autockpt.shared.events.read_job` (the one reader: `json.loads` and nothing else);
 which checkpoints are committed is `pax_autockpt.layout`'s rule. The interpretations behind each
 figure are in the package docstring; the steps below follow it in order.
 """
@@ -14,9 +14,9 @@ from typing import Any, Callable, Iterable
 
 from etils import epath
 
-from pax_autockpt import costs
-from pax_autockpt import events
 from pax_autockpt import layout
+from pax_autockpt.save import costs
+from pax_autockpt.shared import events
 from pax_autockpt.tools.report import model
 from pax_autockpt.tools.report import values
 
@@ -24,7 +24,7 @@ from pax_autockpt.tools.report import values
 _STEP_EVENTS = ('save_started', 'save_committed', 'deleted', 'restore_skipped')
 # Events whose step says how far their run had trained when they were written: a run's (time, step) points.
 _PROGRESS_POINTS = ('save_started', 'local_committed', 'preemption', 'exit', 'first_step', 'progress')
-# Events a process writes while it restores, before its `start` event (pax_autockpt.restore).
+# Events a process writes while it restores, before its `start` event (pax_autockpt.restore.restore).
 _BEFORE_START = ('restore_failed', 'restore_skipped', 'local_restore_failed', 'input_restarted')
 
 
@@ -362,7 +362,7 @@ def _adaptive(evs: list[_Event]) -> tuple[float | None, float | None]:
 
 def _save_cost(started: list[model.Save]) -> float | None:
   """Goodput's delta: the mean blocking time of the saves a preemption did not force, by training's own rule
-  (`pax_autockpt.costs`), so that the report's delta is the one the adaptive interval used."""
+  (`pax_autockpt.save.costs`), so that the report's delta is the one the adaptive interval used."""
   save_costs = costs.SaveCosts()
   for s in started:
     save_costs.add_blocking(s.reason, s.blocking_s)

@@ -9,7 +9,7 @@ restart that ended before training (its restore failed, or it was killed in it) 
 idle, and one after the last run that trained extends the wall time, as idle. A run spans
 its `start` event, which is written once its restore is done, to its end: its `exit` event, else (killed: no
 exit event) its last event, or the end of a save's blocking that event shows, if later. A killed run's real end is
-later than that (by less than pax_autockpt.progress's 30 s on host 0, whose `progress` events mark how far it got
+later than that (by less than pax_autockpt.hook.progress's 30 s on host 0, whose `progress` events mark how far it got
 between saves), so after a kill wasted progress is *at least* and the time between runs *at most* the figure.
 Wall time = the first run's start -> the last run's end; the buckets add up to it exactly:
 

@@ -103,7 +103,7 @@ class Preemption:
   agreed_after_s: float | None = None  # the signal's arrival -> the first host's agreement on the step
   plan: str | None = None         # save, keep_in_flight, give_up, nothing_to_save (None: not recorded)
   saved_step: int | None = None   # the step the exit waited for (an earlier one for keep_in_flight)
-  during: str | None = None       # the loop's phase the signal found (pax_autockpt.phases; None: not recorded)
+  during: str | None = None       # the loop's phase the signal found (pax_autockpt.shared.phases; None: not recorded)
   agreed_during: str | None = None  # where the hosts agreed: checkpoint (the loop's call), eval, decode, rescue
 
 

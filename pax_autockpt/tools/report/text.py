@@ -106,7 +106,7 @@ _AGREED_WORDS = {'eval': ' at an eval batch', 'decode': ' at a decode batch',
 
 
 def _phase_words(p: model.Preemption) -> str:
-  """' during eval': the loop's phase the signal found (pax_autockpt.phases), when the log recorded it."""
+  """' during eval': the loop's phase the signal found (pax_autockpt.shared.phases), when the log recorded it."""
   return f' during {p.during}' if p.during else ''
 
 
