@@ -136,16 +136,27 @@ def test_a_broken_link_is_caught():
 
 
 def test_how_it_works_names_every_module_a_training_process_imports():
-  """docs/how-it-works.md walks a step through the package one module a line: a module added, moved or renamed
-  without its line there fails here."""
+  """docs/how-it-works.md walks a step through the package one module a line, grouped as the folders are: a module
+  added, moved or renamed without its line there (a line that starts with the module's path in backticks, e.g.
+  exit/exit_path.py), or a package without its group's heading ('the package' and its folder, e.g. exit/, in
+  backticks), fails here. tools/ is not what a training process imports."""
   with open(os.path.join(DOCS, 'how-it-works.md')) as f:
     text = f.read()
   package = os.path.join(ROOT, 'pax_autockpt')
-  modules = [name[:-3] for name in os.listdir(package) if name.endswith('.py') and name != '__init__.py']
-  modules += [f'local/{name[:-3]}' for name in os.listdir(os.path.join(package, 'local'))
-              if name.endswith('.py') and name != '__init__.py']
-  missing = sorted(m for m in modules if f'`{m}.py`' not in text)
-  assert not missing, f'docs/how-it-works.md does not name: {missing}'
+  modules, packages = [], []
+  for folder, dirs, files in os.walk(package):
+    dirs[:] = sorted(d for d in dirs if d not in ('tools', '__pycache__'))
+    where = os.path.relpath(folder, package).replace(os.sep, '/')
+    if where != '.':
+      packages.append(where)
+    modules += [name if where == '.' else f'{where}/{name}' for name in files
+                if name.endswith('.py') and name != '__init__.py']
+  assert len(modules) > 50 and 'exit/exit_path.py' in modules and 'main.py' in modules  # the walk read the package
+  lines = text.splitlines()
+  missing = sorted(m for m in modules if not any(line.startswith(f'- `{m}`') for line in lines))
+  assert not missing, f'docs/how-it-works.md has no line for: {missing}'
+  headless = sorted(p for p in packages if f'the package `{p}/`' not in text)
+  assert not headless, f'docs/how-it-works.md has no group heading for the package(s): {headless}'
 
 
 # A figure with a unit of time: a number, or a range of two, then the unit (`~` before it is allowed).

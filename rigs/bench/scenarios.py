@@ -654,7 +654,7 @@ def local_step_time(storage: Storage, pairs: int, secs: float) -> list[Figure]:
 
 def orbax_floor(storage: Storage, pairs: int) -> list[Figure]:
   """A save's fixed cost against its floor: the tiny state's on-demand save (training stopped, raw chunks)
-  against orbax 0.5.9 saving the same arrays alone in a fresh process (tools/bench/orbax_floor.py: no
+  against orbax 0.5.9 saving the same arrays alone in a fresh process (rigs/bench/orbax_floor.py: no
   Pax, no pax-autockpt), alternating. Local disk: the floor reads the arrays' shapes from the zarr step."""
   mine, floor = [], []
   for i in range(pairs):
