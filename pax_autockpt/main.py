@@ -20,9 +20,9 @@ if _UNFIT:  # one line, not a traceback, from an interpreter without paxml's env
   print(f'error: {_UNFIT}', file=sys.stderr, flush=True)
   sys.exit(2)
 
-from pax_autockpt import settings as settings_lib
+from pax_autockpt import settings as settings_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from pax_autockpt.signals import signals
-from pax_autockpt.startup import precheck  # pylint: disable=g-import-not-at-top,wrong-import-position
+from pax_autockpt.startup import precheck
 
 
 def _fail(message: str, code: int = 2) -> None:
