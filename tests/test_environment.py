@@ -17,6 +17,7 @@ def test_this_environment_can_run_it():
 def test_a_missing_module_is_named_with_the_fix():
   why = environment.problem(('absl', 'no_such_module_for_autockpt'))
   assert 'lacks no_such_module_for_autockpt: ' in why and '.venv/bin/activate` once per shell' in why
+  assert f'`source {os.path.join(ROOT, ".venv", "bin")}/activate`' in why  # the clone's own venv
 
 
 def test_python_dash_m_without_site_packages_is_one_line_and_exit_2():

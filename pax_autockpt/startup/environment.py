@@ -19,7 +19,7 @@ def problem(needed: tuple[str, ...] = NEEDED) -> str | None:
   version = '.'.join(map(str, sys.version_info[:2]))
   if not missing and sys.version_info[:2] == (3, 10):
     return None
-  venv = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), '.venv', 'bin')
+  venv = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), '.venv', 'bin')
   what = f'lacks {", ".join(missing)}' if missing else f'is Python {version} (paxml 1.4.0 needs 3.10)'
   return (f'this Python ({sys.executable}, {version}) {what}: run pax-autockpt with the environment `make venv` '
           f'creates: `source {venv}/activate` once per shell, or `{venv}/python -m pax_autockpt.main ...`')
