@@ -537,3 +537,13 @@ def test_a_rollback_keeps_a_local_step_older_than_the_set_aside_checkpoint_grown
   _replay(1, ('restart', {}), ('train', {'steps': 1}), ('save_start', {}), ('local_save', {'killed_after': 1}),
           ('train', {'steps': 1}), ('local_save', {'killed_after': 0}), ('restart', {}), ('sigterm', {}),
           ('restart', {}), ('sigterm', {}), ('rollback', {}), ('set_aside', {}))
+
+
+def test_a_rollback_to_before_a_set_aside_checkpoint_discards_the_local_step_grown_from_it():
+  """Found by the soak: run A saves 1, run B restores it and saves 2, run C restores 2 and writes local step 3;
+  2 is set aside, then the user deletes 1, the newest committed (a rollback to a fresh start). Local step 3
+  grew from 1 through its base 2: refused (the product compared the runs since its base only, C's, and
+  offered it)."""
+  _replay(1, ('restart', {}), ('sigterm', {}), ('restart', {}), ('sigterm', {}), ('restart', {}),
+          ('train', {'steps': 1}), ('local_save', {'killed_after': 1}), ('sigkill', {'committed': False}),
+          ('set_aside', {}), ('rollback', {}))
