@@ -64,11 +64,11 @@ def _newest_local(folder, without=None):
   return steps[-1] if steps and without not in steps else 0
 
 
-def _start(jobs, tmp_path, name, job_dir, every, *, fresh=True, env=None):
+def _start(jobs, tmp_path, name, job_dir, every, *flags, fresh=True, env=None):
   """A fresh interpreter, as users start it; or (`fresh=False`, for the runs that only set the scene) forked
   from a server that imported paxml (tests/forkserver.py): ~10 CPU-s less."""
   argv = process.ours_argv(EXP, job_dir, '--autockpt_notices=off', f'--autockpt_local_dir={tmp_path}/local-{{host}}',
-                           '--autockpt_local_min_interval_secs=0.2')
+                           '--autockpt_local_min_interval_secs=0.2', *flags)
   log, env = str(tmp_path / f'{name}.log'), {**(os.environ if env is None else env), **every}
   job = process.Job(argv, log, env=forkserver.users_env(env)) if fresh else forkserver.job(argv, log, env=env)
   jobs.append(job)
@@ -194,9 +194,8 @@ def test_a_local_step_restores_only_into_its_job_and_lineage_and_is_never_strand
   # to its end after its restores: the README tutorial's run 3.)
   shutil.rmtree(local)
   uncached = {k: v for k, v in os.environ.items() if not k.startswith(('JAX_COMPILATION_CACHE', 'JAX_PERSISTENT'))}
-  run = _start(jobs, tmp_path, 'run4a', job_dir, NO_INTERVAL, env=uncached)
-  run.wait_for_log(r'\[PAX STATUS\]: Starting training loop')
-  time.sleep(1.0)  # into the train step's compile (~7 s here without the cache)
+  run = _start(jobs, tmp_path, 'run4a', job_dir, NO_INTERVAL, '--jax_log_compiles', env=uncached)
+  run.wait_for_log(r'Compiling _wrapped_step_fn')  # the train step's compile began (~7 s here without the cache)
   sent = run.send(signal.SIGTERM)
   assert run.wait(120) == 143, run.log()[-3000:]
   events = [e for e in _events_of_run(job_dir, 3) if e['event'] != 'local_committed']  # a local copy of the step

@@ -216,11 +216,13 @@ def _discarded(lineage: Lineage, step: int, gone: tuple[tuple[int, str], ...], i
                lines: dict[str, tuple[tuple[str, int], ...]]) -> str | None:
   """Why a rollback discarded the step: a deleted commit that shared its training (a run in both lines, up
   to the older of the two ends of that run's part) past the point the rollback kept, older or newer than the
-  step."""
+  step. The step's line runs on through its base's: a rollback to before the base discards it too."""
+  base = [(lineage.base_id.rsplit('-', 1)[0], lineage.base), *lines.get(lineage.base_id, ())] if lineage.base_id else []
+  mine = [(r[:16], held) for r, held in (*lineage.runs(step), *base)]  # its line through its base's
   for c, save in gone:
     theirs = [(r[:16], held) for r, held in lines.get(save, ())] + [(save.rsplit('-', 1)[0], c)]
     kept = _kept(theirs, ids)
-    for run, held in lineage.runs(step):
+    for run, held in mine:
       if any(run[:16] == r and min(held, h) > kept for r, h in theirs):
         return (f'checkpoint {c} of its line of training (save {save}) was deleted from the job directory '
                 f'(rolled back, no `deleted` record): restoring it would undo the rollback')
