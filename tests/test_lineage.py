@@ -177,3 +177,17 @@ def test_each_job_directory_save_has_an_id_and_a_restart_grows_its_local_steps_f
   again.get_model_states(None, None, None)
   assert fake.restored == [10]
   assert again._lineage.at(15).base_id == committed['id']  # pylint: disable=protected-access  (from the log)
+
+
+def test_only_the_checkpoints_preservation_deleted_after_a_rollback_showed_count_as_there_at_it():
+  """kept_later: 4 (save a-4) is rolled back. Preservation's delete of 2 came before any sign of that (so 2 may
+  have been gone already at the rollback: not counted); a restart then resumed 3, older than 4 (the rollback
+  had happened); preservation's later delete of 3 counts. A set-aside of 4 before such a start proves nothing."""
+  log = [{'event': 'save_committed', 'step': s, 'id': f'a-{s}'} for s in (2, 3, 4)]
+  log += [{'event': 'deleted', 'step': 2}, {'event': 'start', 'restored_step': 3},
+          {'event': 'deleted', 'step': 3}]
+  assert lineage_lib.kept_later(log, ((4, 'a-4'),)) == {'a-4': {3: 'a-3'}}
+  aside = log[:4] + [{'event': 'restore_skipped', 'step': 4}] + log[4:]
+  assert lineage_lib.kept_later(aside, ((4, 'a-4'),)) == {}
+  assert lineage_lib.kept_later(log[:4] + [{'event': 'start', 'restored_step': None}] + log[5:],
+                                ((4, 'a-4'),)) == {'a-4': {3: 'a-3'}}

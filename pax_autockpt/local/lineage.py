@@ -120,15 +120,52 @@ def committed_saves(events: list[dict[str, Any]]) -> dict[int, tuple[str | None,
 def policy_deleted(events: list[dict[str, Any]]) -> frozenset[tuple[int, str]]:
   """(step, save id) of the commits a `deleted` event (preservation, on the primary host: pass host 0's log)
   removed: each `deleted` of a step covers every commit of it before it."""
+  return frozenset((step, i) for _, step, ids in _deletions(events) for i in ids)
+
+
+def kept_later(events: list[dict[str, Any]], gone: tuple[tuple[int, str], ...]) -> dict[str, dict[int, str]]:
+  """Rolled-back save id (`gone`) -> {step: save id} of the checkpoints preservation deleted after host 0's log
+  shows that save gone: a run started after its commit resuming an older step (no set-aside of it in between).
+  They were there at the rollback, so the point it kept may be one of them (a rollback, then the policy deleting
+  the checkpoint it kept, must not refuse every later local step)."""
+  first = {}
+  for at, e in enumerate(events):
+    if e.get('event') == 'save_committed' and isinstance(e.get('id'), str):
+      first.setdefault(e['id'], at)
+  deletions = _deletions(events)
+  out = {}
+  for step, save in gone:
+    seen = _seen_gone(events, first.get(save), step)
+    if seen is not None:
+      out[save] = {s: ids[-1] for at, s, ids in deletions if at > seen and ids}
+  return out
+
+
+def _seen_gone(events: list[dict[str, Any]], committed_at: int | None, step: int) -> int | None:
+  """The index of the first `start` after a commit of `step` (at `committed_at`) that resumed an older step or
+  none; None where there is none, or a `restore_skipped` of `step` (set aside) comes first."""
+  for at in range(len(events) if committed_at is None else committed_at + 1, len(events)):
+    e = events[at]
+    if e.get('event') == 'restore_skipped' and e.get('step') == step:
+      return None
+    resumed = e.get('restored_step')
+    if e.get('event') == 'start' and (resumed is None or (isinstance(resumed, int) and resumed < step)):
+      return at
+  return None
+
+
+def _deletions(events: list[dict[str, Any]]) -> list[tuple[int, int, tuple[str, ...]]]:
+  """(index, step, the save ids it removed) of every `deleted` event: each covers every commit of its step before
+  it."""
   commits: dict[int, list[str]] = {}
-  gone: set[tuple[int, str]] = set()
-  for e in events:
+  out = []
+  for at, e in enumerate(events):
     step = e.get('step')
     if e.get('event') == 'save_committed' and isinstance(step, int) and isinstance(e.get('id'), str):
       commits.setdefault(step, []).append(e['id'])
     elif e.get('event') == 'deleted' and isinstance(step, int):
-      gone.update((step, i) for i in commits.pop(step, []))
-  return frozenset(gone)
+      out.append((at, step, tuple(commits.pop(step, []))))
+  return out
 
 
 def save_lines(events: list[dict[str, Any]]) -> dict[str, tuple[tuple[str, int], ...]]:
@@ -171,13 +208,15 @@ def refusal(lineage: Lineage, step: int, *, job: str, committed: list[int], set_
             ever_committed: frozenset[int] = frozenset(),
             saves: dict[int, tuple[str | None, ...]] | None = None, own: dict[int, str | None] | None = None,
             gone: tuple[tuple[int, str], ...] = (),
-            lines: dict[str, tuple[tuple[str, int], ...]] | None = None) -> str | None:
+            lines: dict[str, tuple[tuple[str, int], ...]] | None = None,
+            later: dict[str, dict[int, str]] | None = None) -> str | None:
   """Why local `step` may not restore into job `job` whose job directory holds `committed` (and damaged
   `set_aside` checkpoints), or None. `saves` (`committed_saves` of this job's event log; `ever_committed`: the
   same steps, without ids): a save still in flight when the step was captured, committed and since deleted, is
   a rollback too, and a checkpoint whose save id (`own`: its manifest's, else its newest commit's) is another
   than the step's is another save. `gone`: the log's commits since rolled back (`rolled_back`), and `lines`
-  the runs each save carried on (`save_lines`).
+  the runs each save carried on (`save_lines`); `later`: the checkpoints deleted after each rollback
+  (`kept_later`).
   Each reason reads after "local step N is not offered: "."""
   if lineage.job != job:
     return f'written by another job (job id {lineage.job}, this job is {job})'
@@ -197,7 +236,7 @@ def refusal(lineage: Lineage, step: int, *, job: str, committed: list[int], set_
   if missing:
     return (f'it grew from checkpoint {max(missing)}, which is no longer in the job directory (rolled back): '
             'restoring it would undo the rollback')
-  return (_discarded(lineage, step, gone, ids, lines or {})
+  return (_discarded(lineage, step, gone, ids, lines or {}, later or {})
           or _newest_problem(lineage, step, committed, saves, own))
 
 
@@ -213,7 +252,7 @@ def _anchor(lineage: Lineage, step: int, grown: list[tuple[int, str | None, bool
 
 
 def _discarded(lineage: Lineage, step: int, gone: tuple[tuple[int, str], ...], ids: dict[int, str | None],
-               lines: dict[str, tuple[tuple[str, int], ...]]) -> str | None:
+               lines: dict[str, tuple[tuple[str, int], ...]], later: dict[str, dict[int, str]]) -> str | None:
   """Why a rollback discarded the step: a deleted commit that shared its training (a run in both lines, up
   to the older of the two ends of that run's part) past the point the rollback kept, older or newer than the
   step. The step's line runs on through its base's: a rollback to before the base discards it too."""
@@ -221,7 +260,7 @@ def _discarded(lineage: Lineage, step: int, gone: tuple[tuple[int, str], ...], i
   mine = [(r[:16], held) for r, held in (*lineage.runs(step), *base)]  # its line through its base's
   for c, save in gone:
     theirs = [(r[:16], held) for r, held in lines.get(save, ())] + [(save.rsplit('-', 1)[0], c)]
-    kept = _kept(theirs, ids)
+    kept = _kept(theirs, [*ids.items(), *later.get(save, {}).items()])
     for run, held in mine:
       if any(run[:16] == r and min(held, h) > kept for r, h in theirs):
         return (f'checkpoint {c} of its line of training (save {save}) was deleted from the job directory '
@@ -229,12 +268,12 @@ def _discarded(lineage: Lineage, step: int, gone: tuple[tuple[int, str], ...], i
   return None
 
 
-def _kept(theirs: list[tuple[str, int]], ids: dict[int, str | None]) -> int:
-  """The step a rollback kept: the newest checkpoint still there (committed or set aside; `ids`: step -> its
-  save id) on the deleted save's own line of training (`theirs`: (run, the step its part ends at)), -1 for
-  none. Its line, not the local step's: a set-aside checkpoint grown from the local step is kept too."""
-  on_line = [s for s, save in ids.items() if save
-             and any(save.rsplit('-', 1)[0] == r and s <= h for r, h in theirs)]
+def _kept(theirs: list[tuple[str, int]], there: list[tuple[int, str | None]]) -> int:
+  """The step a rollback kept: the newest checkpoint there at the rollback (`there`: (step, save id), committed or
+  set aside now, or deleted by preservation since) on the deleted save's own line of training (`theirs`: (run,
+  the step its part ends at)), -1 for none. Its line, not the local step's: a set-aside checkpoint grown from the
+  local step is kept too."""
+  on_line = [s for s, save in there if save and any(save.rsplit('-', 1)[0] == r and s <= h for r, h in theirs)]
   return max(on_line, default=-1)
 
 

@@ -133,6 +133,7 @@ class JobState:
   own: dict[int, str | None] = dataclasses.field(default_factory=dict)  # the save id each checkpoint records
   gone: tuple[tuple[int, str], ...] = ()  # commits the log records, deleted with no record (lineage.rolled_back)
   lines: dict[str, tuple[tuple[str, int], ...]] = dataclasses.field(default_factory=dict)  # lineage.save_lines
+  later: dict[str, dict[int, str]] = dataclasses.field(default_factory=dict)  # lineage.kept_later
 
   @property
   def newest(self) -> int | None:
@@ -153,7 +154,8 @@ def job_state(job_log_dir: epath.PathLike, job: str, host: int, ckpt_dir: epath.
   paths = {**_aside_paths(job_log_dir, ckpt), **{s: layout.step_dir(ckpt, s) for s in committed}}
   own = {s: _own_id(path, s, primary) for s, path in paths.items()}
   gone = lineage_lib.rolled_back(saves, lineage_lib.policy_deleted(primary), committed + aside, own)
-  return JobState(job, committed, aside, frozenset(saves), saves, own, gone, lineage_lib.save_lines(primary))
+  return JobState(job, committed, aside, frozenset(saves), saves, own, gone, lineage_lib.save_lines(primary),
+                  lineage_lib.kept_later(primary, gone))
 
 
 def restored_save(job: JobState, step: int) -> str | None:
@@ -284,7 +286,7 @@ class LocalRestore:
       lineage = local_format.lineage_of(found)
       why = lineage_lib.refusal(lineage, step, job=job.job, committed=job.committed, set_aside=job.set_aside,
                                 ever_committed=job.ever_committed, saves=job.saves, own=job.own, gone=job.gone,
-                                lines=job.lines)
+                                lines=job.lines, later=job.later)
       if why is None:
         local_format.read_shards(path, found)
       else:
