@@ -54,8 +54,9 @@ demo: venv
 	$(VENV)/bin/pax-autockpt demo
 
 # Long measurements on demand, never in CI.
+# One scenario: `make bench ONLY=planscale` (names: `python -m rigs.bench --help`).
 bench: venv
-	$(PY) -m rigs.bench --out bench
+	$(PY) -m rigs.bench --out bench $(if $(ONLY),--only $(ONLY))
 
 soak: venv
 	$(PY) -m rigs.soak --cycles 30 --num_hosts 1
