@@ -212,8 +212,9 @@ class History(stateful.RuleBasedStateMachine):
   def policy_delete(self, data):
     """The preservation policy (host 0, after a commit) deletes an older checkpoint, with its record."""
     step = data.draw(st.sampled_from(sorted(self.model.ckpts)[:-1]))
+    save = manifest_lib.save_id(layout.step_dir(self.disk.ckpt, step)) or ''  # as JobDirectorySaves.preserve
     layout.uncommit_and_delete(layout.step_dir(self.disk.ckpt, step))
-    self.disk.logs[0].write('deleted', step=step, policy='keep')
+    self.disk.logs[0].write('deleted', step=step, policy='keep', id=save)
     del self.model.ckpts[step]
 
   @stateful.precondition(lambda self: self.run is not None and self.run.pending is None
@@ -586,3 +587,16 @@ def test_a_policy_delete_after_a_rollback_then_set_asides_keep_the_local_step_of
           ('sigterm', {}), ('restart', {}), ('sigterm', {}), ('restart', {}), ('train', {'steps': 1}),
           ('policy_delete', {'data': _Draw(1)}), ('local_save', {'killed_after': 1}), ('sigterm', {}),
           ('set_aside', {}), ('restart', {}))
+
+
+def test_a_checkpoint_a_tool_replaced_then_preservation_deleted_keeps_the_rollback_of_the_replaced_save():
+  """Found by the soak: A saves 1; B restores it, writes local step 3, is killed; 1 is set aside; C restores
+  local step 3 and saves 4; a tool retrains 4 in place (a stock manifest: a rollback of C's 4); D saves 5 from
+  it; preservation deletes 4; the user deletes 5. Local step 3 is refused (C's 4, grown from it, was rolled back
+  by the tool): the `deleted` of 4 named the tool's checkpoint (no save id), not C's commit, which it had
+  erased from the log's rollbacks, so the restart took local step 3, a state the model forbids."""
+  _replay(1, ('restart', {}), ('sigterm', {}), ('restart', {}), ('train', {'steps': 1}), ('train', {'steps': 1}),
+          ('local_save', {'killed_after': 1}), ('train', {'steps': 1}), ('save_start', {}), ('train', {'steps': 1}),
+          ('local_save', {'killed_after': 0}), ('set_aside', {}), ('restart', {}), ('sigterm', {}),
+          ('tool_retrain', {'own_manifest': False}), ('restart', {}), ('sigterm', {}), ('restart', {}),
+          ('policy_delete', {'data': _Draw(4)}), ('sigkill', {'committed': False}), ('rollback', {}))

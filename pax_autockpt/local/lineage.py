@@ -119,7 +119,7 @@ def committed_saves(events: list[dict[str, Any]]) -> dict[int, tuple[str | None,
 
 def policy_deleted(events: list[dict[str, Any]]) -> frozenset[tuple[int, str]]:
   """(step, save id) of the commits a `deleted` event (preservation, on the primary host: pass host 0's log)
-  removed: each `deleted` of a step covers every commit of it before it."""
+  removed (`_deletions`)."""
   return frozenset((step, i) for _, step, ids in _deletions(events) for i in ids)
 
 
@@ -155,8 +155,9 @@ def _seen_gone(events: list[dict[str, Any]], committed_at: int | None, step: int
 
 
 def _deletions(events: list[dict[str, Any]]) -> list[tuple[int, int, tuple[str, ...]]]:
-  """(index, step, the save ids it removed) of every `deleted` event: each covers every commit of its step before
-  it."""
+  """(index, step, the save ids it removed) of every `deleted` event: the save its `id` names (the checkpoint's
+  manifest's at the deletion; '' none: a checkpoint a tool replaced, whose log commit is not the one deleted), or,
+  in an event without one (written before ids), every commit of its step before it."""
   commits: dict[int, list[str]] = {}
   out = []
   for at, e in enumerate(events):
@@ -164,7 +165,12 @@ def _deletions(events: list[dict[str, Any]]) -> list[tuple[int, int, tuple[str, 
     if e.get('event') == 'save_committed' and isinstance(step, int) and isinstance(e.get('id'), str):
       commits.setdefault(step, []).append(e['id'])
     elif e.get('event') == 'deleted' and isinstance(step, int):
-      out.append((at, step, tuple(commits.pop(step, []))))
+      named = e.get('id')
+      if isinstance(named, str):
+        out.append((at, step, (named,) if named in commits.get(step, ()) else ()))
+        commits[step] = [i for i in commits.get(step, []) if i != named]
+      else:
+        out.append((at, step, tuple(commits.pop(step, []))))
   return out
 
 

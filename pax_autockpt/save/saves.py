@@ -346,13 +346,14 @@ class JobDirectorySaves:
                       failures.one_line(e))
       return
     for step in doomed:
+      save = manifest_lib.save_id(self.step_dir(step)) or ''  # which save it was: '' for none known (a tool's)
       try:
         layout.uncommit_and_delete(self.step_dir(step))
       except Exception as e:  # pylint: disable=broad-except
         logging.warning('[autockpt] could not delete step %d (the next commit retries): %s', step, failures.one_line(e))
         continue
       self.forget(step)
-      self._events.write('deleted', step=step, policy=repr(self._preservation))
+      self._events.write('deleted', step=step, policy=repr(self._preservation), id=save)
     if doomed:
       logging.info('[autockpt] preservation deleted steps %s', doomed)
 
