@@ -107,6 +107,11 @@ def save_id(run: str, step: int) -> str:
   return f'{run[:16]}-{step}'
 
 
+def run_of(save: str) -> str:
+  """The run part of a save id (`save_id`'s inverse, as far as the id keeps it: the run's first 16 characters)."""
+  return save.rsplit('-', 1)[0]
+
+
 def committed_saves(events: list[dict[str, Any]]) -> dict[int, tuple[str | None, ...]]:
   """Step -> the `id` of each of its `save_committed` events in an event log, oldest first (None where an
   event has none: written before save ids)."""
@@ -185,7 +190,7 @@ def save_lines(events: list[dict[str, Any]]) -> dict[str, tuple[tuple[str, int],
     while at in started and at not in seen:
       seen.add(at)
       handed = started[at].get('handed')
-      line += [(at.rsplit('-', 1)[0], started[at]['step'])] + [
+      line += [(run_of(at), started[at]['step'])] + [
           tuple(h) for h in (handed if isinstance(handed, list) else []) if _is_hand_over(h)]
       at = started[at].get('base')
     lines[save] = tuple(line)
@@ -253,7 +258,7 @@ def _anchor(lineage: Lineage, step: int, grown: list[tuple[int, str | None, bool
   aside) of a run of its line at or before that run's part of it (the same run's earlier state)."""
   seen = [s for s, i, base in grown if not base and i is not None and s in committed]
   mine = [s for s, save in ids.items() if save for run, held in lineage.runs(step)
-          if save.rsplit('-', 1)[0] == run[:16] and s <= held]
+          if run_of(save) == run[:16] and s <= held]
   return max((*seen, *mine), default=None)
 
 
@@ -262,13 +267,13 @@ def _discarded(lineage: Lineage, step: int, gone: tuple[tuple[int, str], ...], i
   """Why a rollback discarded the step: a deleted commit that shared its training (a run in both lines, up
   to the older of the two ends of that run's part) past the point the rollback kept, older or newer than the
   step. The step's line runs on through its base's: a rollback to before the base discards it too."""
-  base = [(lineage.base_id.rsplit('-', 1)[0], lineage.base), *lines.get(lineage.base_id, ())] if lineage.base_id else []
+  base = [(run_of(lineage.base_id), lineage.base), *lines.get(lineage.base_id, ())] if lineage.base_id else []
   mine = [(r[:16], held) for r, held in (*lineage.runs(step), *base)]  # its line through its base's
   for c, save in gone:
-    theirs = [(r[:16], held) for r, held in lines.get(save, ())] + [(save.rsplit('-', 1)[0], c)]
+    theirs = [(r[:16], held) for r, held in lines.get(save, ())] + [(run_of(save), c)]
     kept = _kept(theirs, [*ids.items(), *later.get(save, {}).items()])
     for run, held in mine:
-      if any(run[:16] == r and min(held, h) > kept for r, h in theirs):
+      if any(run == r and min(held, h) > kept for r, h in theirs):
         return (f'checkpoint {c} of its line of training (save {save}) was deleted from the job directory '
                 f'(rolled back, no `deleted` record): restoring it would undo the rollback')
   return None
@@ -279,7 +284,7 @@ def _kept(theirs: list[tuple[str, int]], there: list[tuple[int, str | None]]) ->
   set aside now, or deleted by preservation since) on the deleted save's own line of training (`theirs`: (run,
   the step its part ends at)), -1 for none. Its line, not the local step's: a set-aside checkpoint grown from the
   local step is kept too."""
-  on_line = [s for s, save in there if save and any(save.rsplit('-', 1)[0] == r and s <= h for r, h in theirs)]
+  on_line = [s for s, save in there if save and any(run_of(save) == r and s <= h for r, h in theirs)]
   return max(on_line, default=-1)
 
 
